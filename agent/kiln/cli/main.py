@@ -1,0 +1,197 @@
+"""`kiln`: detect the machine, browse profiles, plan vLLM serving."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kiln import __version__
+from kiln.choice.resolve import resolve_choice
+from kiln.choice.schema import Choice, validate_fields
+from kiln.choice.select import select_profile
+from kiln.choice.sources import SourceReader
+from kiln.cli.output import print_json, table
+from kiln.cli.views import machine_dict, machine_text, plan_dict, plan_text, profile_row
+from kiln.errors import KilnError
+from kiln.hardware.fixtures import fixture_names
+from kiln.planner.plan import make_plan
+from kiln.planner.types import Refusal
+from kiln.profiles.catalog import find_profile_dir, validate_paths
+from kiln.render.systemd import instance_unit
+from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, Runtime, render_instances
+from kiln.wiring import Kiln
+
+EXIT_REFUSED = 2
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON for programs")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kiln", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"kiln {__version__}")
+    parser.add_argument("--profiles-dir", type=Path, help="profile catalog folder (default: found automatically)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    detect = sub.add_parser("detect", help="show this machine's GPUs, or a named machine fixture")
+    detect.add_argument("--machine", help=f"a fixture ({', '.join(fixture_names())}) or a machine file")
+    detect.add_argument("--list", action="store_true", help="list the machine fixtures")
+    _add_json(detect)
+
+    profiles = sub.add_parser("profiles", help="list, show and validate model profiles")
+    psub = profiles.add_subparsers(dest="action", required=True)
+    _add_json(psub.add_parser("list", help="every profile in the catalog"))
+    show = psub.add_parser("show", help="one profile in full")
+    show.add_argument("name")
+    _add_json(show)
+    val = psub.add_parser("validate", help="check profile files (default: the catalog)")
+    val.add_argument("paths", nargs="*", type=Path)
+    _add_json(val)
+
+    plan = sub.add_parser("plan", help="plan vLLM serving for a profile on a machine")
+    plan.add_argument("--machine", help="a fixture name or a YAML/JSON machine file (default: this machine)")
+    which = plan.add_mutually_exclusive_group(required=True)
+    which.add_argument("--profile", help="a profile name (`kiln profiles list`)")
+    which.add_argument("--model", help="a local model directory with config.json")
+    plan.add_argument("--objective", choices=["throughput", "latency"])
+    plan.add_argument("--tp", type=int, dest="tensor_parallel_size", help="tensor-parallel size")
+    plan.add_argument("--instances", type=int)
+    plan.add_argument("--max-model-len", type=int)
+    plan.add_argument("--gpu-memory-utilization", type=float)
+    plan.add_argument("--kv-cache-dtype", choices=["auto", "fp8"])
+    plan.add_argument("--quantization", choices=["auto", "bf16", "fp8", "nvfp4", "mxfp4"])
+    plan.add_argument("--speculative", choices=["on", "off"], help="speculative decoding (default: kiln decides)")
+    plan.add_argument("--launcher", choices=["image", "module"], default="image",
+                      help="vLLM command: the image's `vllm serve`, or `python -m` for a source checkout")
+    plan.add_argument("--models-dir", default=Runtime.models_dir, help="where locally made models live")
+    plan.add_argument("--systemd", action="store_true", help="print the instances as systemd units")
+    _add_json(plan)
+
+    choice = sub.add_parser("choice", help="show the user's choice as the agent reads it at boot")
+    choice.add_argument("--root", type=Path, default=Path("/"), help="read the sources under this folder")
+    _add_json(choice)
+    return parser
+
+
+def cmd_detect(kiln: Kiln, args: argparse.Namespace) -> int:
+    if args.list:
+        machines = kiln.fixtures()
+        if args.json:
+            print_json([machine_dict(m) for m in machines])
+        else:
+            print(table(["Fixture", "Droplet size", "GPUs", "Description"],
+                        [[m.name, m.droplet_size or "-", f"{m.gpu_count}x {m.gpus[0].name}" if m.gpus else "-",
+                          m.description] for m in machines]))
+        return 0
+    machine = kiln.machine(args.machine)
+    print_json(machine_dict(machine)) if args.json else print(machine_text(machine))
+    return 0
+
+
+def cmd_profiles(kiln: Kiln, args: argparse.Namespace) -> int:
+    if args.action == "validate":
+        paths = args.paths or [kiln.profile_dir or find_profile_dir()]
+        errors = validate_paths(paths, kiln.gpus.specs)
+        if args.json:
+            print_json({"ok": not errors, "errors": [e.as_dict() for e in errors]})
+        else:
+            for e in errors:
+                print(e.message(), file=sys.stderr)
+            print(f"{len(errors)} problem(s)" if errors else "all profiles valid")
+        return EXIT_REFUSED if errors else 0
+    catalog = kiln.catalog()
+    if args.action == "list":
+        profiles = [catalog.profiles[n] for n in catalog.names()]
+        if args.json:
+            print_json([p.model_dump(mode="json") for p in profiles])
+        else:
+            print(table(["Profile", "Params", "Checkpoints", "Context", "Speculative"],
+                        [profile_row(p) for p in profiles]))
+        return 0
+    profile = catalog.get(args.name)
+    if args.json:
+        print_json(profile.model_dump(mode="json"))
+    else:
+        path = catalog.directory / f"{profile.name}.yaml"
+        print(path.read_text(encoding="utf-8"))
+    return 0
+
+
+def _plan_choice(args: argparse.Namespace) -> Choice:
+    given = {k: getattr(args, k) for k in ("objective", "tensor_parallel_size", "instances", "max_model_len",
+                                           "gpu_memory_utilization", "kv_cache_dtype", "quantization")}
+    if args.speculative:
+        given["speculative_decoding"] = args.speculative == "on"
+    layer = validate_fields({k: v for k, v in given.items() if v is not None}, source="command line")
+    if layer.problems:
+        first = layer.problems[0]
+        raise KilnError(first.what, where=f"--{first.field.replace('_', '-')}", fix=first.fix)
+    return Choice(**layer.values)
+
+
+def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
+    machine = kiln.machine(args.machine)
+    profile = kiln.profile(args.profile, args.model)
+    choice = _plan_choice(args)
+    alternatives = sorted(kiln.fixtures(), key=lambda m: sum(g.memory_bytes for g in m.gpus))
+    plan = make_plan(machine, profile, choice, kiln.constants, alternatives)
+    if isinstance(plan, Refusal):
+        if args.json:
+            print_json({"error": plan.reason, "suggestions": list(plan.suggestions)})
+        print(f"kiln: cannot plan: {plan.text()}", file=sys.stderr)
+        return EXIT_REFUSED
+    launcher = (sys.executable, *MODULE_VLLM) if args.launcher == "module" else IMAGE_VLLM
+    runtime = Runtime(vllm_command=launcher, models_dir=args.models_dir)
+    local = bool(args.model) or any(c.local for c in profile.checkpoints.values())
+    rendered = render_instances(plan, runtime, local_model=local)
+    if args.systemd:
+        print("\n".join(instance_unit(r, profile=plan.profile) for r in rendered))
+    elif args.json:
+        print_json(plan_dict(plan, rendered, machine))
+    else:
+        print(plan_text(plan, rendered))
+    return 0
+
+
+def cmd_choice(kiln: Kiln, args: argparse.Namespace) -> int:
+    resolved = resolve_choice(SourceReader(root=args.root).read())
+    profile, selection_problems = select_profile(resolved.choice, kiln.catalog(),
+                                                 lambda path: kiln.profile(None, path))
+    problems = [*resolved.problems, *selection_problems]
+    if args.json:
+        print_json({"choice": json.loads(resolved.choice.model_dump_json(exclude={"api_key"})),
+                    "api_key_set": resolved.choice.api_key is not None, "origins": dict(resolved.origins),
+                    "profile": profile.name, "problems": [p.as_dict() for p in problems]})
+        return 0
+    values = resolved.choice.model_dump(exclude_none=True, exclude={"api_key"})
+    rows = [[k, v, resolved.origins.get(k, "")] for k, v in values.items()]
+    if resolved.choice.api_key:
+        rows.append(["api_key", "(set, hidden)", resolved.origins.get("api_key", "")])
+    print(table(["Setting", "Value", "From"], rows) if rows else "No choice found: the image defaults apply.")
+    print(f"\nServes: {profile.name}")
+    for p in problems:
+        print(f"problem: {p.text()}", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"detect": cmd_detect, "profiles": cmd_profiles, "plan": cmd_plan, "choice": cmd_choice}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        kiln = Kiln.create(args.profiles_dir)
+        return COMMANDS[args.command](kiln, args)
+    except KilnError as exc:
+        if getattr(args, "json", False):
+            print_json(exc.as_dict())
+        print(f"kiln: {exc.message()}", file=sys.stderr)
+        return EXIT_REFUSED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Values as dicts for --json, and as text for people."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.cli.output import gib, table
+from kiln.hardware.model import Machine
+from kiln.planner.types import Plan
+from kiln.profiles.schema import Profile
+from kiln.render.vllm import RenderedInstance
+
+
+def machine_dict(m: Machine) -> dict[str, Any]:
+    return {
+        "name": m.name,
+        "source": m.source,
+        "description": m.description,
+        "droplet_size": m.droplet_size,
+        "driver_version": m.driver_version,
+        "cuda_driver_version": m.cuda_driver_version,
+        "host": {"cpu_count": m.host.cpu_count, "memory_bytes": m.host.memory_bytes,
+                 "disk_free_bytes": m.host.disk_free_bytes},
+        "gpus": [
+            {"index": g.index, "name": g.name, "uuid": g.uuid, "memory_bytes": g.memory_bytes,
+             "compute_capability": f"{g.compute_capability[0]}.{g.compute_capability[1]}",
+             "architecture": g.architecture.value, "gpu_class": g.spec.class_name,
+             "memory_bandwidth_gb_s": g.spec.memory_bandwidth_gb_s, "pci_bus_id": g.pci_bus_id,
+             "numa_node": g.numa_node, "cpus": list(g.cpus), "mig_enabled": g.mig_enabled,
+             "nvlink_links": g.nvlink_links}
+            for g in m.gpus
+        ],
+        "nvlink": [list(row) for row in m.nvlink],
+        "topology": [list(row) for row in m.topology],
+        "unsupported_accelerators": list(m.unsupported_accelerators),
+        "accelerator_problem": m.accelerator_problem(),
+    }
+
+
+def _cpu_ranges(cpus: tuple[int, ...]) -> str:
+    if not cpus:
+        return "-"
+    return f"{cpus[0]}-{cpus[-1]}" if cpus == tuple(range(cpus[0], cpus[-1] + 1)) else f"{len(cpus)} cpus"
+
+
+def machine_text(m: Machine) -> str:
+    head = [f"Machine   {m.name}" + (f"  ({m.description})" if m.description else ""),
+            f"Source    {m.source}"]
+    if m.droplet_size:
+        head.append(f"Droplet   {m.droplet_size}")
+    head.append(f"Host      {m.host.cpu_count} CPUs, {gib(m.host.memory_bytes)} RAM, "
+                f"{gib(m.host.disk_free_bytes)} free disk")
+    if m.driver_version:
+        head.append(f"Driver    {m.driver_version} (CUDA {m.cuda_driver_version})")
+    parts = ["\n".join(head)]
+    if m.gpus:
+        rows = [[g.index, g.name, f"{g.memory_gib:.1f} GiB", f"{g.compute_capability[0]}.{g.compute_capability[1]}",
+                 g.architecture.value, g.pci_bus_id, "-" if g.numa_node is None else g.numa_node,
+                 _cpu_ranges(g.cpus), {None: "n/a", True: "on", False: "off"}[g.mig_enabled], g.nvlink_links]
+                for g in m.gpus]
+        parts.append(table(["GPU", "Name", "Memory", "CC", "Arch", "PCI bus", "NUMA", "CPUs", "MIG", "NVLinks"],
+                           rows))
+        if m.gpu_count > 1:
+            linked = all(m.linked(i, j) for i in range(m.gpu_count) for j in range(m.gpu_count))
+            parts.append("Topology  " + ("every GPU pair is NVLink-connected" if linked else
+                                         "not every GPU pair is NVLink-connected"))
+    problem = m.accelerator_problem()
+    if problem:
+        parts.append(f"Note      {problem}")
+    return "\n\n".join(parts)
+
+
+def plan_dict(plan: Plan, rendered: list[RenderedInstance], machine: Machine) -> dict[str, Any]:
+    return {
+        "machine": plan.machine,
+        "profile": plan.profile,
+        "objective": plan.objective,
+        "quantization": plan.quantization,
+        "kv_cache_dtype": plan.kv_cache_dtype,
+        "tensor_parallel_size": plan.tensor_parallel_size,
+        "max_model_len": plan.engine.max_model_len,
+        "model": plan.engine.model,
+        "speculative_config": plan.engine.speculative_config,
+        "instances": [r.as_dict() for r in rendered],
+        "predicted": plan.predicted.as_dict(),
+        "explanation": " ".join(plan.explanation),
+        "explanation_lines": list(plan.explanation),
+        "warnings": list(plan.warnings),
+        "gpu_count": machine.gpu_count,
+    }
+
+
+def plan_text(plan: Plan, rendered: list[RenderedInstance]) -> str:
+    p = plan.predicted
+    e = plan.engine
+    head = [
+        f"Plan      {plan.profile} on {plan.machine} for {plan.objective}",
+        f"Model     {e.model}" + (f" @ {e.revision}" if e.revision != "main" else ""),
+        f"Serving   {len(plan.instances)} instance(s) x TP{e.tensor_parallel_size}, {plan.quantization} weights, "
+        f"KV cache {plan.kv_cache_dtype}, context {e.max_model_len:,}",
+    ]
+    rows = [[r.name, ",".join(map(str, r.gpus)) or "cpu", r.port,
+             "-" if r.numa_node is None else r.numa_node] for r in rendered]
+    predicted = table(["Predicted", "Value"], [
+        ["weights per GPU", gib(p.weight_bytes_per_gpu)],
+        ["KV bytes per token", f"{p.kv_bytes_per_token:,}"],
+        ["KV cache per GPU", gib(p.kv_cache_bytes_per_gpu)],
+        ["KV cache tokens per instance", f"{p.kv_cache_tokens_per_instance:,}"],
+        ["max concurrency at full context", f"{p.max_concurrency_per_instance:.2f}"],
+        ["decode tok/s per sequence", f"{p.decode_tokens_per_s_per_seq:,.1f}"],
+        ["output tok/s (all instances)", f"{p.output_tokens_per_s:,.0f}"],
+    ])
+    why = "\n".join(f"  - {line}" for line in plan.explanation)
+    commands = "\n".join(f"  {r.name}: " + " ".join(r.argv) for r in rendered)
+    parts = ["\n".join(head), table(["Instance", "GPUs", "Port", "NUMA"], rows), predicted, "Why\n" + why,
+             "Commands\n" + commands]
+    if plan.warnings:
+        parts.append("Warnings\n" + "\n".join(f"  - {w}" for w in plan.warnings))
+    return "\n\n".join(parts)
+
+
+def profile_row(p: Profile) -> list[str]:
+    a = p.architecture
+    params = f"{a.params_total / 1e9:.1f}B" + (f" ({a.params_active / 1e9:.1f}B active)" if a.moe else "")
+    spec = ",".join(s.method for s in p.speculative) or "-"
+    return [p.name, params, ",".join(p.checkpoints), f"{p.serving.max_model_len:,}", spec]

@@ -1,0 +1,20 @@
+"""Read kiln's bundled data files (hardware facts, machine fixtures, prices)."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+import yaml
+
+
+def read_yaml(relative: str) -> Any:
+    """Parse a YAML file shipped in the package's data/ folder."""
+    text = resources.files("kiln").joinpath("data").joinpath(relative).read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+def list_names(folder: str) -> list[str]:
+    """Names (without .yaml) of the data files in a data/ sub-folder."""
+    root = resources.files("kiln").joinpath("data").joinpath(folder)
+    return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))

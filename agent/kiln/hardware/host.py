@@ -1,0 +1,65 @@
+"""The host adapters: psutil for CPUs, RAM and disk; sysfs for accelerators NVML cannot see."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+
+from kiln.hardware.model import Host
+
+AMD_VENDOR = "0x1002"
+# PCI classes: 0x03xxxx display controller, 0x12xxxx processing accelerator.
+ACCELERATOR_CLASSES = ("0x03", "0x12")
+
+
+class HostProbe(Protocol):
+    def host(self) -> Host: ...
+
+    def foreign_accelerators(self) -> tuple[str, ...]: ...
+
+
+class LiveHost:
+    """This machine, read through psutil and /sys."""
+
+    def __init__(self, disk_path: str = "/", sysfs: Path = Path("/sys/bus/pci/devices")) -> None:
+        self._disk_path = disk_path
+        self._sysfs = sysfs
+
+    def host(self) -> Host:
+        return Host(
+            cpu_count=psutil.cpu_count(logical=True) or 1,
+            memory_bytes=psutil.virtual_memory().total,
+            disk_free_bytes=psutil.disk_usage(self._disk_path).free,
+        )
+
+    def foreign_accelerators(self) -> tuple[str, ...]:
+        found = []
+        if not self._sysfs.is_dir():
+            return ()
+        for device in sorted(self._sysfs.iterdir()):
+            try:
+                vendor = (device / "vendor").read_text().strip()
+                pci_class = (device / "class").read_text().strip()
+                device_id = (device / "device").read_text().strip()
+            except OSError:
+                continue
+            if vendor == AMD_VENDOR and pci_class.startswith(ACCELERATOR_CLASSES):
+                found.append(f"AMD GPU (PCI {vendor}:{device_id})")
+        return tuple(found)
+
+
+class RecordedHost:
+    """A fixture's `host` and `pci_accelerators` blocks."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._data = data
+
+    def host(self) -> Host:
+        h = self._data["host"]
+        return Host(int(h["cpu_count"]), int(h["memory_bytes"]), int(h["disk_free_bytes"]))
+
+    def foreign_accelerators(self) -> tuple[str, ...]:
+        return tuple(str(a.get("name") or a["vendor_id"]) for a in self._data.get("pci_accelerators") or [])

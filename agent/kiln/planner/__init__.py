@@ -1,0 +1,1 @@
+"""The planner: machine + profile + choice -> a plan, or a refusal that says what would fit."""

@@ -1,0 +1,201 @@
+"""The capacity model: weights, KV cache and decode speed from architecture facts. Pure.
+
+It mirrors how vLLM sizes its KV cache at start-up (vllm/v1/worker/gpu_worker.py
+determine_available_memory; vllm/v1/core/kv_cache_utils.py get_kv_cache_capacity):
+    available = total × gpu_memory_utilization − weights − non-torch − peak activation − CUDA graphs
+    tokens    = blocks / blocks-per-request × max_model_len
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kiln.planner.types import Constants
+from kiln.profiles.schema import Architecture as ModelArch
+from kiln.profiles.schema import Profile
+
+# Bytes per parameter of quantized linear weights, scales included:
+# FP8: 1 byte; NVFP4: 4 bits + one FP8 scale per 16 values; MXFP4: 4 bits + one E8M0 scale per 32;
+# INT4 (AWQ/GPTQ, group 128): 4 bits + fp16 scale and zero per 128.
+BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32, "int4": 0.5 + 4 / 128}
+KV_DTYPE_BYTES = {"auto": 2, "fp8": 1, "bf16": 2}
+# DeepSeek sparse MLA with an FP8 cache stores 656 bytes per token and layer: 512 FP8 latent values,
+# 4 float32 scales and 64 bf16 RoPE values (vLLM's fp8_ds_mla layout).
+FP8_DS_MLA_BYTES = 656
+
+
+def embedding_params(arch: ModelArch) -> int:
+    return arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+
+
+def weight_bytes(profile: Profile, precision: str) -> int:
+    """Checkpoint size: the recorded size when the profile has it, else from parameter counts.
+
+    Embeddings and the LM head stay in bf16 in quantized checkpoints.
+    """
+    recorded = profile.checkpoints.get(precision)  # type: ignore[call-overload]
+    if recorded is not None and recorded.weight_bytes:
+        return int(recorded.weight_bytes)
+    arch = profile.architecture
+    embed = embedding_params(arch)
+    body = max(arch.params_total - embed, 0)
+    return int(embed * 2 + body * BYTES_PER_PARAM[precision])
+
+
+def active_weight_bytes(profile: Profile, precision: str, batch: int) -> float:
+    """Bytes of weights one decode step reads: all dense weights, and for MoE the experts hit.
+
+    With `batch` sequences each routing to k of E experts, the expected number of distinct
+    experts hit is E × (1 − (1 − k/E)^batch).
+    """
+    total = weight_bytes(profile, precision)
+    moe = profile.architecture.moe
+    if moe is None:
+        return float(total)
+    arch = profile.architecture
+    expert_share = (arch.params_total - arch.params_active) / arch.params_total
+    per_expert_fraction = expert_share / max(moe.num_experts - moe.experts_per_token, 1)
+    hit = moe.num_experts * (1 - (1 - moe.experts_per_token / moe.num_experts) ** max(batch, 1))
+    unread_experts = max(moe.num_experts - hit, 0.0)
+    return total * max(1 - unread_experts * per_expert_fraction, arch.params_active / arch.params_total)
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """KV-cache bytes per token, and how vLLM groups layers into pages."""
+
+    bytes_per_token_per_gpu: int  # all layers that hold full context
+    bytes_per_token_instance: int
+    full_layers: int
+    sliding_layers: int
+    sliding_window: int
+
+
+def kv_layout(arch: ModelArch, tp: int, kv_dtype: str) -> KvLayout:
+    elem = KV_DTYPE_BYTES.get(kv_dtype, 1)
+    sliding = arch.sliding_window.layers if arch.sliding_window else 0
+    window = arch.sliding_window.window if arch.sliding_window else 0
+    full = arch.num_layers - sliding
+    if arch.mla is not None:
+        # MLA caches one latent vector per token and layer, replicated on every TP rank.
+        per_layer = (FP8_DS_MLA_BYTES if elem == 1 else
+                     (arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim) * elem)
+        if arch.sparse_attention is not None:
+            per_layer += arch.sparse_attention.index_head_dim + 4  # FP8 indexer key + its scale
+        return KvLayout(per_layer * arch.num_layers, per_layer * arch.num_layers, arch.num_layers, 0, 0)
+    heads_per_gpu = max(arch.num_kv_heads // tp, 1)  # KV heads replicate when tp > num_kv_heads
+    per_layer_gpu = 2 * heads_per_gpu * arch.head_dim * elem
+    per_layer_instance = 2 * arch.num_kv_heads * arch.head_dim * elem
+    return KvLayout(per_layer_gpu * full, per_layer_instance * full, full, sliding, window)
+
+
+def overhead_bytes_per_gpu(profile: Profile, tp: int, max_num_seqs: int, max_num_batched_tokens: int,
+                           capture_sizes: int, c: Constants) -> int:
+    """What vLLM's start-up profiling takes besides weights: non-torch, activations, logits, graphs."""
+    arch = profile.architecture
+    v = c.get("vllm")
+    mlp_width = arch.moe.moe_intermediate_size if arch.moe and arch.moe.moe_intermediate_size else (
+        arch.intermediate_size)
+    activation = max_num_batched_tokens * (arch.hidden_size * v["activation_bytes_per_token_per_hidden"]
+                                           + 2 * mlp_width // tp * v["activation_bytes_per_token_per_mlp"])
+    logits = max_num_seqs * arch.vocab_size * v["logits_bytes_per_seq_per_vocab"]
+    parallel = v["tensor_parallel_extra_bytes"] if tp > 1 else 0
+    graphs = capture_sizes * arch.num_layers * v["cudagraph_bytes_per_size_per_layer"] if (
+        v["subtract_cudagraph_estimate"]) else 0
+    return int(v["non_torch_bytes"] + parallel + activation + logits + graphs)
+
+
+def cudagraph_capture_count(max_capture_size: int) -> int:
+    """How many batch sizes vLLM captures: 1, 2, 4, then every 8 up to 256, then every 16."""
+    sizes = [s for s in (1, 2, 4) if s <= max_capture_size]
+    sizes += list(range(8, min(max_capture_size, 256) + 1, 8))
+    sizes += list(range(272, max_capture_size + 1, 16))
+    return len(sizes)
+
+
+def kv_cache_tokens(kv_bytes_per_gpu: int, layout: KvLayout, max_model_len: int, block_size: int,
+                    max_num_batched_tokens: int) -> tuple[int, float]:
+    """(tokens vLLM reports as "GPU KV cache size", max concurrency at max_model_len).
+
+    Sliding-window layers form their own page groups; a request needs only the window's worth
+    of their blocks (vLLM's hybrid KV-cache manager).
+    """
+    if kv_bytes_per_gpu <= 0 or layout.bytes_per_token_per_gpu <= 0:
+        return 0, 0.0
+    if layout.sliding_layers and layout.full_layers:
+        group = min(layout.full_layers, layout.sliding_layers)
+        if max(layout.full_layers, layout.sliding_layers) % group:
+            group = max(layout.full_layers, layout.sliding_layers)
+        per_layer = layout.bytes_per_token_per_gpu // layout.full_layers
+        page = per_layer * group * block_size
+        blocks = kv_bytes_per_gpu // page
+        full_groups = math.ceil(layout.full_layers / group)
+        sliding_groups = math.ceil(layout.sliding_layers / group)
+        window = min(layout.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+        per_request = (full_groups * math.ceil(max_model_len / block_size)
+                       + sliding_groups * (math.ceil(window / block_size) + 1))
+    else:
+        blocks = kv_bytes_per_gpu // (layout.bytes_per_token_per_gpu * block_size)
+        per_request = math.ceil(max_model_len / block_size)
+    concurrency = blocks / per_request
+    return int(concurrency * max_model_len), concurrency
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    weight_bytes_per_gpu: int
+    overhead_bytes_per_gpu: int
+    kv_cache_bytes_per_gpu: int
+    layout: KvLayout
+    tokens: int  # vLLM's "GPU KV cache size: N tokens"
+    concurrency: float  # vLLM's "Maximum concurrency for max_model_len tokens per request"
+
+
+def kv_capacity(profile: Profile, *, precision: str, tp: int, gpu_memory_bytes: int, utilization: float,
+                max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int, kv_dtype: str,
+                c: Constants, draft_params: int = 0, weight_bytes_override: int | None = None,
+                max_capture_size: int | None = None) -> KvCapacity:
+    """The KV cache vLLM will find room for at start-up, per GPU and in tokens per instance.
+
+    `max_capture_size` defaults to vLLM's own: min(2 x max_num_seqs, 512).
+    """
+    weights = (weight_bytes_override if weight_bytes_override is not None
+               else weight_bytes(profile, precision) // tp) + draft_params * 2 // tp
+    capture = cudagraph_capture_count(max_capture_size or min(max_num_seqs * 2, 512))
+    overhead = overhead_bytes_per_gpu(profile, tp, max_num_seqs, max_num_batched_tokens, capture, c)
+    kv_bytes = int(gpu_memory_bytes * utilization) - weights - overhead
+    layout = kv_layout(profile.architecture, tp, kv_dtype)
+    tokens, concurrency = kv_cache_tokens(max(kv_bytes, 0), layout, max_model_len, c.get("vllm", "block_size"),
+                                          max_num_batched_tokens)
+    return KvCapacity(weights, overhead, kv_bytes, layout, tokens, concurrency)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    bandwidth_bytes_s: float  # achievable, per GPU
+    flops: float | None  # achievable dense FLOP/s per GPU at the weight precision
+    allreduce_s: float  # one all-reduce
+
+
+def decode_step_seconds(profile: Profile, precision: str, tp: int, batch: int, context: int,
+                        kv_per_token_gpu: int, roof: Roofline, tokens_per_seq: int = 1) -> float:
+    """One decode step for `batch` sequences at `context` tokens each: max(memory, compute) + comms.
+
+    `tokens_per_seq` > 1 when speculative decoding verifies several tokens per step.
+    """
+    weights = active_weight_bytes(profile, precision, batch * tokens_per_seq) / tp
+    kv = batch * context * kv_per_token_gpu
+    memory_s = (weights + kv) / roof.bandwidth_bytes_s
+    compute_s = 0.0
+    if roof.flops:
+        compute_s = batch * tokens_per_seq * 2 * profile.architecture.params_active / tp / roof.flops
+    comm_s = 2 * profile.architecture.num_layers * roof.allreduce_s if tp > 1 else 0.0
+    return max(memory_s, compute_s) + comm_s
+
+
+def speculative_tokens_per_step(acceptance: float, k: int) -> float:
+    """Expected tokens emitted per verification step with k drafted tokens (geometric acceptance)."""
+    if acceptance >= 1:
+        return float(k + 1)
+    return (1 - acceptance ** (k + 1)) / (1 - acceptance)

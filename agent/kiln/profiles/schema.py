@@ -1,0 +1,163 @@
+"""The profile schema: a model, its architecture facts, checkpoints and serving defaults."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Precision = Literal["bf16", "fp8", "nvfp4", "mxfp4", "int4"]
+SpecMethod = Literal["eagle3", "eagle", "draft_model", "mtp", "deepseek_mtp", "ngram"]
+GPU_KEYS = {"hopper", "ada", "blackwell", "ampere", "cpu"}
+NAME_PATTERN = r"^[a-z0-9][a-z0-9.\-]*$"
+REVISION_PATTERN = re.compile(r"^([0-9a-f]{40}|[A-Za-z0-9._\-/]+)$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Checkpoint(Strict):
+    hf_id: str = Field(min_length=1)
+    revision: str = "main"
+    weight_bytes: int | None = Field(default=None, gt=0)
+    local: bool = False  # generated on the machine (tiny-cpu), never downloaded
+
+
+class ModelRef(Strict):
+    hf_id: str = Field(min_length=1)
+    revision: str = "main"
+    gated: bool = False
+    license: str = ""
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, value: str) -> str:
+        if not REVISION_PATTERN.match(value):
+            raise ValueError("must be a 40-hex commit SHA, a branch or a tag")
+        return value
+
+
+class Moe(Strict):
+    num_experts: int = Field(gt=0)
+    experts_per_token: int = Field(gt=0)
+    moe_intermediate_size: int | None = Field(default=None, gt=0)
+    num_shared_experts: int = Field(default=0, ge=0)
+    params_active: int = Field(gt=0)
+
+
+class Mla(Strict):
+    kv_lora_rank: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    q_lora_rank: int | None = None
+
+
+class SlidingWindow(Strict):
+    window: int = Field(gt=0)
+    layers: int = Field(gt=0)
+
+
+class SparseAttention(Strict):
+    index_head_dim: int = Field(gt=0)
+    index_n_heads: int | None = None
+    index_topk: int | None = None
+
+
+class Architecture(Strict):
+    hf_architecture: str
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = Field(gt=0)
+    torch_dtype: str = "bfloat16"
+    params_total: int = Field(gt=0)
+    moe: Moe | None = None
+    mla: Mla | None = None
+    sliding_window: SlidingWindow | None = None
+    sparse_attention: SparseAttention | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Architecture:
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.sliding_window and self.sliding_window.layers > self.num_layers:
+            raise ValueError("sliding_window.layers cannot exceed num_layers")
+        if self.moe and self.moe.params_active > self.params_total:
+            raise ValueError("moe.params_active cannot exceed params_total")
+        return self
+
+    @property
+    def params_active(self) -> int:
+        return self.moe.params_active if self.moe else self.params_total
+
+
+class Speculative(Strict):
+    method: SpecMethod
+    model: str | None = None
+    num_speculative_tokens: int = Field(ge=1, le=16)
+    draft_params: int | None = Field(default=None, gt=0)
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _needs_model(self) -> Speculative:
+        if self.method in ("eagle3", "eagle", "draft_model") and not self.model:
+            raise ValueError(f"method {self.method} needs `model` (the draft or head checkpoint)")
+        return self
+
+
+class Serving(Strict):
+    max_model_len: int = Field(gt=0)
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    trust_remote_code: bool = False
+    extra_args: tuple[str, ...] = ()
+
+
+class ServingOverride(Strict):
+    max_model_len: int | None = Field(default=None, gt=0)
+    extra_args: tuple[str, ...] | None = None
+
+
+class GpuOverride(Strict):
+    serving: ServingOverride | None = None
+    speculative: tuple[Speculative, ...] | None = None
+    fp8_kv_cache: bool | None = None
+
+
+class Profile(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    model: ModelRef
+    architecture: Architecture
+    checkpoints: dict[Precision, Checkpoint] = Field(min_length=1)
+    online_fp8: bool = True
+    fp8_kv_cache: bool = True
+    speculative: tuple[Speculative, ...] = ()
+    serving: Serving
+    gpu_overrides: dict[str, GpuOverride] = Field(default_factory=dict)
+    cpu_only: bool = False  # served by vLLM's CPU backend (the tiny test model)
+    sources: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _checks(self) -> Profile:
+        if self.serving.max_model_len > self.architecture.max_position_embeddings:
+            raise ValueError(
+                f"serving.max_model_len ({self.serving.max_model_len}) exceeds the model's "
+                f"max_position_embeddings ({self.architecture.max_position_embeddings})"
+            )
+        return self
+
+    def override_for(self, gpu_class: str, architecture: str) -> GpuOverride | None:
+        """The most specific override: GPU class (h100) before architecture (hopper)."""
+        return self.gpu_overrides.get(gpu_class) or self.gpu_overrides.get(architecture)

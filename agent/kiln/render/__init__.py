@@ -1,0 +1,1 @@
+"""Turn a plan into what runs: vLLM argv and environment, and systemd units."""

@@ -1,0 +1,113 @@
+"""A plan's instances as vLLM command lines and environments. Pure."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from kiln.planner.types import InstancePlan, Plan
+
+IMAGE_VLLM = ("/opt/kiln/vllm/bin/vllm", "serve")
+MODULE_VLLM = ("-m", "vllm.entrypoints.openai.api_server")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where things live on the machine that will run the plan."""
+
+    vllm_command: tuple[str, ...] = IMAGE_VLLM
+    models_dir: str = "/var/lib/kiln/models"
+    hf_home: str = "/var/lib/kiln/huggingface"
+    host: str = "127.0.0.1"
+    extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class RenderedInstance:
+    name: str
+    port: int
+    gpus: tuple[int, ...]
+    device_minors: tuple[int, ...]
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cpus: tuple[int, ...]
+    numa_node: int | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "gpus": list(self.gpus), "tensor_parallel_size": max(len(self.gpus), 1),
+                "port": self.port, "argv": list(self.argv), "env": dict(self.env),
+                "cpus": list(self.cpus), "numa_node": self.numa_node}
+
+
+def model_location(plan: Plan, runtime: Runtime, local: bool) -> str:
+    """A Hugging Face id, or for a locally made model its folder under models_dir."""
+    model = plan.engine.model
+    if local and not PurePosixPath(model).is_absolute():
+        return str(PurePosixPath(runtime.models_dir) / model)
+    return model
+
+
+def _compact(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+
+def vllm_args(plan: Plan, instance: InstancePlan, runtime: Runtime, *, local_model: bool = False) -> list[str]:
+    """The flags after the launcher; vLLM's own parser accepts every one (tests check it)."""
+    e = plan.engine
+    args = ["--model", model_location(plan, runtime, local_model)]
+    if e.revision and e.revision != "main" and not local_model:
+        args += ["--revision", e.revision]
+    args += ["--served-model-name", *e.served_model_names]
+    args += ["--host", runtime.host, "--port", str(instance.port)]
+    args += ["--max-model-len", str(e.max_model_len)]
+    args += ["--max-num-seqs", str(e.max_num_seqs), "--max-num-batched-tokens", str(e.max_num_batched_tokens)]
+    if e.device == "cuda":
+        args += ["--tensor-parallel-size", str(e.tensor_parallel_size)]
+        args += ["--gpu-memory-utilization", f"{e.gpu_memory_utilization:g}"]
+    if e.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", e.kv_cache_dtype]
+    if e.quantization:
+        args += ["--quantization", e.quantization]
+    args.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
+    if e.speculative_config:
+        args += ["--speculative-config", _compact(e.speculative_config)]
+    if e.compilation_config:
+        args += ["--compilation-config", _compact(e.compilation_config)]
+    if e.tool_call_parser:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", e.tool_call_parser]
+    if e.reasoning_parser:
+        args += ["--reasoning-parser", e.reasoning_parser]
+    if e.trust_remote_code:
+        args.append("--trust-remote-code")
+    args += list(e.extra_args)
+    return args
+
+
+def vllm_env(plan: Plan, instance: InstancePlan, runtime: Runtime) -> dict[str, str]:
+    env = {
+        "HF_HOME": runtime.hf_home,
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    if plan.engine.device == "cuda":
+        # NVML numbers GPUs in PCI bus order; CUDA's default order is fastest-first.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in instance.gpus)
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(plan.predicted.kv_cache_bytes_per_gpu // 2**30, 1))
+        if instance.cpus:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"{instance.cpus[0]}-{instance.cpus[-1]}"
+    env.update(dict(runtime.extra_env))
+    return env
+
+
+def render_instances(plan: Plan, runtime: Runtime, *, local_model: bool = False) -> list[RenderedInstance]:
+    return [
+        RenderedInstance(
+            name=inst.name, port=inst.port, gpus=inst.gpus, device_minors=inst.device_minors,
+            argv=(*runtime.vllm_command, *vllm_args(plan, inst, runtime, local_model=local_model)),
+            env=vllm_env(plan, inst, runtime), cpus=inst.cpus, numa_node=inst.numa_node,
+        )
+        for inst in plan.instances
+    ]

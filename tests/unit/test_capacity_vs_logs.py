@@ -1,0 +1,40 @@
+"""kiln's KV-cache model against real vLLM start-up logs (tests/data/kv_cache_observations.yaml)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.kv_capacity_vs_logs import Row, compare_all
+from kiln.wiring import Kiln
+
+
+@pytest.fixture(scope="module")
+def rows(kiln: Kiln) -> list[Row]:
+    return [row for _, row in compare_all(kiln)]
+
+
+def test_enough_observations_are_compared(rows: list[Row]) -> None:
+    assert sum(1 for r in rows if r.logged_tokens and not r.hybrid) >= 5
+
+
+def test_bytes_to_tokens_matches_vllm_exactly_for_uniform_models(rows: list[Row]) -> None:
+    """Given vLLM's own available memory, kiln's per-token size and block rounding give vLLM's token count."""
+    for r in rows:
+        if r.logged_tokens and r.tokens_from_logged_memory and not r.hybrid:
+            error = Row.error(r.tokens_from_logged_memory, r.logged_tokens)
+            assert error is not None and abs(error) < 0.01, (r.id, r.tokens_from_logged_memory, r.logged_tokens)
+
+
+def test_predicted_kv_memory_is_close_to_vllm(rows: list[Row]) -> None:
+    """From the GPU and the profile alone, the available KV memory lands within 6% of vLLM's."""
+    for r in rows:
+        if r.logged_available_gib and r.logged_available_gib > 10:
+            error = Row.error(r.predicted_available_gib, r.logged_available_gib)
+            assert error is not None and abs(error) < 0.06, (r.id, r.predicted_available_gib, r.logged_available_gib)
+
+
+def test_predicted_weights_are_close_to_vllm(rows: list[Row]) -> None:
+    for r in rows:
+        if r.logged_weights_gib and not r.hybrid:
+            error = Row.error(r.predicted_weights_gib, r.logged_weights_gib)
+            assert error is not None and abs(error) < 0.05, (r.id, r.predicted_weights_gib, r.logged_weights_gib)

@@ -1,0 +1,121 @@
+"""The `kiln` console script, run as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import PROFILES
+
+KILN = str(Path(sys.executable).with_name("kiln"))
+
+
+def kiln(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KILN_PROFILES_DIR": str(PROFILES)}
+    return subprocess.run([KILN, *args], capture_output=True, text=True, env=env, check=False, timeout=120)
+
+
+def test_detect_fixture_table_and_json() -> None:
+    table = kiln("detect", "--machine", "h100x8")
+    assert table.returncode == 0, table.stderr
+    assert "NVIDIA H100 80GB HBM3" in table.stdout and "NVLink-connected" in table.stdout
+    data = json.loads(kiln("detect", "--machine", "h100x8", "--json").stdout)
+    assert len(data["gpus"]) == 8 and data["gpus"][0]["architecture"] == "hopper"
+
+
+def test_detect_this_machine_never_crashes() -> None:
+    result = kiln("detect", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["host"]["cpu_count"] >= 1
+
+
+def test_detect_list() -> None:
+    result = kiln("detect", "--list")
+    assert result.returncode == 0 and "gpu-h100x8-640gb" in result.stdout
+
+
+def test_plan_json_contract() -> None:
+    result = kiln("plan", "--machine", "h100x8", "--profile", "llama-3.3-70b-instruct", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    for key in ("machine", "profile", "objective", "quantization", "kv_cache_dtype", "instances", "predicted",
+                "explanation"):
+        assert key in data
+    for key in ("gpus", "tensor_parallel_size", "port", "argv", "env"):
+        assert key in data["instances"][0]
+    for key in ("weight_bytes_per_gpu", "kv_bytes_per_token", "kv_cache_tokens_per_instance",
+                "max_concurrency_per_instance", "decode_tokens_per_s_per_seq", "output_tokens_per_s"):
+        assert key in data["predicted"]
+    assert isinstance(data["explanation"], str) and data["explanation"]
+
+
+def test_plan_human_output() -> None:
+    result = kiln("plan", "--machine", "l40s", "--profile", "llama-3.1-8b-instruct", "--objective", "latency")
+    assert result.returncode == 0, result.stderr
+    assert "Why" in result.stdout and "KV cache tokens per instance" in result.stdout
+
+
+def test_refusal_exits_2_with_reason_on_stderr_and_json_error() -> None:
+    result = kiln("plan", "--machine", "h100x1", "--profile", "llama-3.3-70b-instruct", "--json")
+    assert result.returncode == 2
+    assert "does not fit" in result.stderr
+    assert "error" in json.loads(result.stdout)
+
+
+def test_unknown_profile_is_a_clear_error() -> None:
+    result = kiln("plan", "--machine", "h100x1", "--profile", "llama-9", "--json")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "kiln profiles list" in json.loads(result.stdout)["fix"]
+
+
+def test_plan_for_a_local_model_dir(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}))
+    result = kiln("plan", "--machine", "h100x1", "--model", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["quantization"] == "fp8"
+    assert data["instances"][0]["argv"][3] == str(tmp_path)
+
+
+def test_systemd_output() -> None:
+    result = kiln("plan", "--machine", "h100x8", "--profile", "llama-3.1-8b-instruct", "--systemd")
+    assert result.returncode == 0 and result.stdout.count("[Service]") >= 1
+
+
+def test_profiles_commands(tmp_path: Path) -> None:
+    assert "llama-3.3-70b-instruct" in kiln("profiles", "list").stdout
+    assert "hf_id" in json.loads(kiln("profiles", "show", "qwen3-8b", "--json").stdout)["model"]
+    assert kiln("profiles", "validate").returncode == 0
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: broken\nmodel: {hf_id: x}\narchitecture: {num_layers: -1}\n")
+    result = kiln("profiles", "validate", str(bad))
+    assert result.returncode == 2
+    assert "broken.yaml" in result.stderr and "architecture.num_layers" in result.stderr
+
+
+def test_choice_reads_a_machine_layout(tmp_path: Path) -> None:
+    (tmp_path / "etc/kiln").mkdir(parents=True)
+    (tmp_path / "etc/kiln/kiln.yaml").write_text("profile: qwen3-8b\napi_key: abcdefghijklmnop1234\n")
+    result = kiln("choice", "--root", str(tmp_path), "--json")
+    data = json.loads(result.stdout)
+    assert data["choice"]["profile"] == "qwen3-8b" and "api_key" not in data["choice"]
+    assert "abcdefghijklmnop1234" not in result.stdout
+
+
+def test_choice_with_an_unknown_profile_falls_back_and_says_why(tmp_path: Path) -> None:
+    (tmp_path / "etc/kiln").mkdir(parents=True)
+    (tmp_path / "etc/kiln/kiln.yaml").write_text("profile: llama-9-mega\nobjective: fastest\n")
+    result = kiln("choice", "--root", str(tmp_path), "--json")
+    assert result.returncode == 0
+    data = json.loads(result.stdout)
+    assert data["profile"] == "qwen3-8b"
+    problems = {p["field"]: p for p in data["problems"]}
+    assert "fallback" in problems["profile"]["error"] and "kiln profiles list" in problems["profile"]["fix"]
+    assert "throughput or latency" in problems["objective"]["fix"]

@@ -1,0 +1,159 @@
+"""The planner's decisions on the DigitalOcean machines and its refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln.choice.schema import Choice
+from kiln.hardware.model import Architecture
+from kiln.planner.plan import make_plan
+from kiln.planner.types import Plan, Refusal
+from kiln.wiring import Kiln
+
+GPU_FIXTURES = ["h100x1", "h100x8", "h200x1", "h200x8", "l40s", "rtx4000ada", "rtx6000ada", "b300x8"]
+
+
+def plan(kiln: Kiln, machine: str, profile: str, **choice: Any) -> Plan | Refusal:
+    alternatives = sorted(kiln.fixtures(), key=lambda m: sum(g.memory_bytes for g in m.gpus))
+    return make_plan(kiln.machine(machine), kiln.catalog().get(profile), Choice(**choice), kiln.constants,
+                     alternatives)
+
+
+def ok(result: Plan | Refusal) -> Plan:
+    assert isinstance(result, Plan), result.text() if isinstance(result, Refusal) else result
+    return result
+
+
+def test_70b_does_not_fit_one_h100_and_the_refusal_says_what_would(kiln: Kiln) -> None:
+    result = plan(kiln, "h100x1", "llama-3.3-70b-instruct")
+    assert isinstance(result, Refusal)
+    assert "does not fit" in result.reason
+    assert any(s.startswith("a larger machine") for s in result.suggestions)
+
+
+def test_70b_on_h100x8_is_fp8_replicas_on_nvlink_groups(kiln: Kiln) -> None:
+    p = ok(plan(kiln, "h100x8", "llama-3.3-70b-instruct"))
+    machine = kiln.machine("h100x8")
+    assert p.quantization == "fp8" and p.kv_cache_dtype == "fp8"
+    assert p.tensor_parallel_size * len(p.instances) <= 8
+    assert len({i.port for i in p.instances}) == len(p.instances)
+    used = [g for i in p.instances for g in i.gpus]
+    assert len(used) == len(set(used))
+    for inst in p.instances:
+        assert all(machine.linked(a, b) for a in inst.gpus for b in inst.gpus)
+        if p.tensor_parallel_size <= 4:
+            assert inst.numa_node is not None  # a group that fits one socket stays on it
+    if len(p.instances) > 1:
+        assert "concurrent" in " ".join(p.explanation)
+    assert p.predicted.kv_cache_tokens_per_instance >= p.engine.max_model_len
+
+
+def test_latency_splits_wider_than_throughput(kiln: Kiln) -> None:
+    fast = ok(plan(kiln, "h100x8", "llama-3.1-8b-instruct", objective="latency"))
+    many = ok(plan(kiln, "h100x8", "llama-3.1-8b-instruct", objective="throughput"))
+    assert fast.tensor_parallel_size > many.tensor_parallel_size
+    assert len(many.instances) > len(fast.instances)
+    assert fast.predicted.decode_tokens_per_s_per_seq > many.predicted.decode_tokens_per_s_per_seq
+    assert fast.engine.max_num_seqs < many.engine.max_num_seqs
+
+
+def test_blackwell_gets_nvfp4(kiln: Kiln) -> None:
+    p = ok(plan(kiln, "b300x8", "llama-3.3-70b-instruct"))
+    assert p.quantization == "nvfp4"
+
+
+def test_deepseek_v32_on_b300(kiln: Kiln) -> None:
+    p = ok(plan(kiln, "b300x8", "deepseek-v3.2"))
+    assert p.quantization == "nvfp4"
+    assert p.engine.speculative_config and p.engine.speculative_config["method"] in ("mtp", "deepseek_mtp")
+
+
+def test_ada_gets_fp8_on_one_gpu(kiln: Kiln) -> None:
+    p = ok(plan(kiln, "l40s", "llama-3.1-8b-instruct"))
+    assert p.quantization == "fp8" and p.tensor_parallel_size == 1 and len(p.instances) == 1
+
+
+def test_ampere_from_a_machine_file_gets_bf16(kiln: Kiln, tmp_path: Path) -> None:
+    f = tmp_path / "a100.yaml"
+    f.write_text('gpus:\n  - {name: "NVIDIA A100-SXM4-80GB", memory_mib: 81920, compute_capability: "8.0", count: 4}\n'
+                 "nvlink: true\n")
+    p = make_plan(kiln.machine(str(f)), kiln.catalog().get("llama-3.1-8b-instruct"), Choice(), kiln.constants)
+    assert ok(p).quantization == "bf16"
+
+
+def test_small_gpu_shortens_the_context_and_says_so(kiln: Kiln) -> None:
+    p = ok(plan(kiln, "rtx4000ada", "llama-3.1-8b-instruct"))
+    target = kiln.catalog().get("llama-3.1-8b-instruct").serving.max_model_len
+    if p.engine.max_model_len < target:
+        assert "shortened" in " ".join(p.explanation)
+    assert p.predicted.kv_cache_tokens_per_instance >= p.engine.max_model_len
+
+
+def test_user_fixed_context_that_cannot_fit_is_refused_with_the_context_that_would(kiln: Kiln) -> None:
+    result = plan(kiln, "rtx4000ada", "qwen3-32b", max_model_len=32768)
+    assert isinstance(result, Refusal)
+    assert result.suggestions
+
+
+def test_forced_nvfp4_on_hopper_is_refused(kiln: Kiln) -> None:
+    result = plan(kiln, "h100x8", "llama-3.1-8b-instruct", quantization="nvfp4")
+    assert isinstance(result, Refusal) and "Blackwell" in result.reason
+
+
+def test_invalid_tp_lists_the_valid_ones(kiln: Kiln) -> None:
+    result = plan(kiln, "h100x8", "llama-3.1-8b-instruct", tensor_parallel_size=3)
+    assert isinstance(result, Refusal) and "valid tensor_parallel_size here: 1, 2, 4, 8" in result.suggestions[0]
+
+
+def test_context_beyond_the_model_is_refused(kiln: Kiln) -> None:
+    result = plan(kiln, "h100x8", "llama-3.1-8b-instruct", max_model_len=1_000_000)
+    assert isinstance(result, Refusal) and "maximum context" in result.reason
+
+
+def test_user_instances_and_tp_are_honoured(kiln: Kiln) -> None:
+    p = ok(plan(kiln, "h100x8", "llama-3.1-8b-instruct", instances=2, tensor_parallel_size=2))
+    assert len(p.instances) == 2 and p.tensor_parallel_size == 2
+
+
+def test_speculative_off_when_asked(kiln: Kiln) -> None:
+    p = ok(plan(kiln, "h100x8", "llama-3.3-70b-instruct", speculative_decoding=False, objective="latency"))
+    assert p.engine.speculative_config is None
+
+
+def test_gpu_profile_on_a_cpu_machine_points_to_tiny_cpu(kiln: Kiln) -> None:
+    result = plan(kiln, "cpu-only", "llama-3.1-8b-instruct")
+    assert isinstance(result, Refusal) and "no accelerator" in result.reason
+    assert any("tiny-cpu" in s for s in result.suggestions)
+
+
+def test_amd_machine_is_refused_as_not_supported(kiln: Kiln) -> None:
+    result = plan(kiln, "mi300x8", "llama-3.1-8b-instruct")
+    assert isinstance(result, Refusal) and "not supported yet" in result.reason
+
+
+def test_tiny_cpu_plans_two_cpu_instances(kiln: Kiln) -> None:
+    p = ok(plan(kiln, "cpu-only", "tiny-cpu"))
+    assert p.engine.device == "cpu" and len(p.instances) == 2
+    assert set(p.instances[0].cpus).isdisjoint(p.instances[1].cpus)
+
+
+def test_planning_is_pure(kiln: Kiln) -> None:
+    assert plan(kiln, "h200x8", "qwen3-30b-a3b") == plan(kiln, "h200x8", "qwen3-30b-a3b")
+
+
+@pytest.mark.parametrize("machine", GPU_FIXTURES)
+def test_every_profile_plans_or_refuses_clearly(kiln: Kiln, machine: str) -> None:
+    for name in kiln.catalog().names():
+        for objective in ("throughput", "latency"):
+            result = plan(kiln, machine, name, objective=objective)
+            if isinstance(result, Refusal):
+                assert result.reason
+                continue
+            arch = kiln.machine(machine).gpus[0].architecture
+            if arch is Architecture.BLACKWELL and "nvfp4" in kiln.catalog().get(name).checkpoints:
+                assert result.quantization == "nvfp4"
+            assert result.predicted.output_tokens_per_s > 0
+            assert result.predicted.kv_cache_tokens_per_instance >= result.engine.max_model_len

