@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from kiln.cli.output import gib, table
@@ -111,7 +112,7 @@ def plan_text(plan: Plan, rendered: list[RenderedInstance]) -> str:
         ["output tok/s (all instances)", f"{p.output_tokens_per_s:,.0f}"],
     ])
     why = "\n".join(f"  - {line}" for line in plan.explanation)
-    commands = "\n".join(f"  {r.name}: " + " ".join(r.argv) for r in rendered)
+    commands = "\n".join(f"  {r.name}: " + shlex.join(r.argv) for r in rendered)
     parts = ["\n".join(head), table(["Instance", "GPUs", "Port", "NUMA"], rows), predicted, "Why\n" + why,
              "Commands\n" + commands]
     if plan.warnings:

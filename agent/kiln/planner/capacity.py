@@ -29,15 +29,32 @@ def embedding_params(arch: ModelArch) -> int:
     return arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
 
 
-def weight_bytes(profile: Profile, precision: str) -> int:
-    """Checkpoint size: the recorded size when the profile has it, else from parameter counts.
+# vLLM's MXFP4 MoE kernels pad the experts' hidden dimension to a multiple of 256: gpt-oss-120b
+# (hidden 2880 -> 3072) loads as 64.38 GiB on an H100 (tests/data/kv_cache_observations.yaml).
+MXFP4_HIDDEN_ALIGN = 256
 
-    Embeddings and the LM head stay in bf16 in quantized checkpoints.
+
+def expert_params(arch: ModelArch) -> int:
+    """Parameters in routed experts (gate, up and down projections of every expert of every layer)."""
+    if arch.moe is None or arch.moe.moe_intermediate_size is None:
+        return 0
+    return arch.num_layers * arch.moe.num_experts * 3 * arch.hidden_size * arch.moe.moe_intermediate_size
+
+
+def weight_bytes(profile: Profile, precision: str) -> int:
+    """Weights in GPU memory: the recorded size when the profile has it, else from parameter counts.
+
+    Embeddings and the LM head stay in bf16 in quantized checkpoints; MXFP4 checkpoints (gpt-oss)
+    quantize only the routed experts and keep attention in bf16.
     """
     recorded = profile.checkpoints.get(precision)  # type: ignore[call-overload]
     if recorded is not None and recorded.weight_bytes:
         return int(recorded.weight_bytes)
     arch = profile.architecture
+    if precision == "mxfp4" and expert_params(arch):
+        experts = min(expert_params(arch), arch.params_total)
+        padded = -(-arch.hidden_size // MXFP4_HIDDEN_ALIGN) * MXFP4_HIDDEN_ALIGN / arch.hidden_size
+        return int(experts * padded * BYTES_PER_PARAM["mxfp4"] + (arch.params_total - experts) * 2)
     embed = embedding_params(arch)
     body = max(arch.params_total - embed, 0)
     return int(embed * 2 + body * BYTES_PER_PARAM[precision])
@@ -173,25 +190,48 @@ def kv_capacity(profile: Profile, *, precision: str, tp: int, gpu_memory_bytes: 
 
 @dataclass(frozen=True)
 class Roofline:
-    bandwidth_bytes_s: float  # achievable, per GPU
+    bandwidth_bytes_s: float  # achievable memory bandwidth, per GPU
     flops: float | None  # achievable dense FLOP/s per GPU at the weight precision
-    allreduce_s: float  # one all-reduce
+    allreduce_latency_s: float  # one small all-reduce
+    link_bytes_s: float  # one direction of the GPU-to-GPU link, per GPU
+
+
+def allreduce_seconds(tokens: int, hidden: int, tp: int, roof: Roofline) -> float:
+    """One ring all-reduce of `tokens` bf16 hidden states across `tp` GPUs."""
+    if tp <= 1:
+        return 0.0
+    payload = tokens * hidden * 2
+    return roof.allreduce_latency_s + 2 * (tp - 1) / tp * payload / roof.link_bytes_s
 
 
 def decode_step_seconds(profile: Profile, precision: str, tp: int, batch: int, context: int,
-                        kv_per_token_gpu: int, roof: Roofline, tokens_per_seq: int = 1) -> float:
-    """One decode step for `batch` sequences at `context` tokens each: max(memory, compute) + comms.
+                        kv_per_token_gpu: int, roof: Roofline, tokens_per_seq: int = 1,
+                        prefill_per_seq: float = 0.0) -> float:
+    """One engine step for `batch` running sequences at `context` tokens each.
 
-    `tokens_per_seq` > 1 when speculative decoding verifies several tokens per step.
+    Memory time: the weights read (for MoE, the experts hit) and every sequence's KV cache.
+    Compute time: the decoded tokens (`tokens_per_seq` > 1 when speculative decoding verifies drafts)
+    plus `prefill_per_seq` prompt tokens per sequence that chunked prefill mixes into the step.
+    Communication: two all-reduces per layer under tensor parallelism.
     """
     weights = active_weight_bytes(profile, precision, batch * tokens_per_seq) / tp
     kv = batch * context * kv_per_token_gpu
     memory_s = (weights + kv) / roof.bandwidth_bytes_s
     compute_s = 0.0
+    tokens = batch * (tokens_per_seq + prefill_per_seq)
     if roof.flops:
-        compute_s = batch * tokens_per_seq * 2 * profile.architecture.params_active / tp / roof.flops
-    comm_s = 2 * profile.architecture.num_layers * roof.allreduce_s if tp > 1 else 0.0
+        compute_s = tokens * 2 * profile.architecture.params_active / tp / roof.flops
+    comm_s = 2 * profile.architecture.num_layers * allreduce_seconds(
+        round(tokens), profile.architecture.hidden_size, tp, roof)
     return max(memory_s, compute_s) + comm_s
+
+
+def draft_seconds(profile: Profile, precision: str, tp: int, k: int, roof: Roofline) -> float:
+    """k draft passes of an EAGLE/MTP head: about one decoder layer plus the LM head, memory-bound."""
+    arch = profile.architecture
+    one_layer = active_weight_bytes(profile, precision, 1) / arch.num_layers
+    lm_head = arch.vocab_size * arch.hidden_size * 2
+    return k * (one_layer + lm_head) / tp / roof.bandwidth_bytes_s
 
 
 def speculative_tokens_per_step(acceptance: float, k: int) -> float:

@@ -20,7 +20,7 @@ MAX_CAPTURE_SIZE = 512
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.1f} GB"
+    return f"{n / GIB:.1f} GiB"
 
 
 @dataclass(frozen=True)
@@ -58,18 +58,22 @@ class Context:
     @property
     def gpu_memory(self) -> int:
         """Memory CUDA offers per GPU (the smallest GPU's), as vLLM's total_memory."""
-        return min(g.memory_bytes for g in self.machine.gpus) - self.c.get("vllm", "driver_reserved_bytes")
+        reserved = int(self.c.get("vllm", "driver_reserved_bytes"))
+        return min(g.memory_bytes for g in self.machine.gpus) - reserved
 
     def roofline(self, precision: str, tp: int) -> cap.Roofline:
         spec = self.machine.gpus[0].spec
         eff_bw = self.c.get("roofline", "memory_bandwidth_efficiency")
         flops_key = {"nvfp4": "fp4", "mxfp4": "fp4", "int4": "bf16"}.get(precision, precision)
         tflops = spec.tflops(flops_key) or spec.tflops("bf16")
-        nvlink = all(self.machine.linked(0, j) for j in range(self.machine.gpu_count))
+        nvlink = self.machine.gpu_count > 1 and all(self.machine.linked(0, j) for j in range(self.machine.gpu_count))
+        link = "nvlink" if nvlink else "pcie"
+        link_gb_s = spec.nvlink_gb_s / 2 if nvlink and spec.nvlink_gb_s else self.c.get("roofline", "pcie_gb_s")
         return cap.Roofline(
             bandwidth_bytes_s=spec.memory_bandwidth_gb_s * 1e9 * eff_bw,
             flops=None if not tflops else tflops * 1e12 * self.c.get("roofline", "compute_efficiency"),
-            allreduce_s=self.c.get("roofline", "allreduce_latency_s", "nvlink" if nvlink else "pcie"),
+            allreduce_latency_s=self.c.get("roofline", "allreduce_latency_s", link),
+            link_bytes_s=link_gb_s * 1e9,
         )
 
 
@@ -136,25 +140,33 @@ def _evaluate(ctx: Context, option: PrecisionOption, tp: int, kv_dtype: str, con
     batch = max(1, min(max_num_seqs, tokens // typical))
     roof = ctx.roofline(option.precision, tp)
     ctx_avg = plan_c["typical_prompt_tokens"] + plan_c["typical_output_tokens"] // 2
+    prefill = plan_c["typical_prompt_tokens"] / plan_c["typical_output_tokens"]
     kv_gpu = layout.bytes_per_token_per_gpu
 
     spec_reason = ""
     if spec is not None:
-        plain = cap.decode_step_seconds(profile, option.precision, tp, batch, ctx_avg, kv_gpu, roof)
-        verify = cap.decode_step_seconds(profile, option.precision, tp, batch, ctx_avg, kv_gpu, roof, per_step)
+        k = spec.num_speculative_tokens
+        plain = cap.decode_step_seconds(profile, option.precision, tp, batch, ctx_avg, kv_gpu, roof,
+                                        prefill_per_seq=prefill)
+        verify = cap.decode_step_seconds(profile, option.precision, tp, batch, ctx_avg, kv_gpu, roof, per_step,
+                                         prefill_per_seq=prefill) + cap.draft_seconds(profile, option.precision,
+                                                                                      tp, k, roof)
         accept = c.get("roofline", "acceptance_rate").get(spec.method, 0.5)
-        gain = cap.speculative_tokens_per_step(accept, spec.num_speculative_tokens) * plain / verify
+        emitted = cap.speculative_tokens_per_step(accept, k)
+        gain = emitted * plain / verify
+        min_gain = c.get("roofline", "speculative_min_gain")
         if ctx.choice.speculative_decoding is True:
             spec_reason = "on, as the user asked"
         elif ctx.objective == "latency":
-            spec_reason = (f"on: it cuts per-token latency; a verify step emits ~{gain * verify / plain:.1f} "
-                           "tokens for little more than one step's time")
-        elif gain > 1.05:
-            spec_reason = (f"on: at batch {batch} decode is memory-bound, so verifying {per_step} tokens per "
-                           f"step costs {verify / plain:.2f}x a plain step and yields {gain:.2f}x the tokens")
+            spec_reason = (f"on: it cuts per-token latency; a verify step emits ~{emitted:.1f} tokens "
+                           "for little more than one step's time")
+        elif gain >= min_gain:
+            spec_reason = (f"on: at batch {batch} decode is memory-bound, so drafting and verifying {per_step} "
+                           f"tokens per step costs {verify / plain:.2f}x a plain step and yields {gain:.2f}x "
+                           "the tokens")
         else:
-            spec_reason = (f"off: at batch {batch} decode is compute-bound; drafts would give {gain:.2f}x, "
-                           "so they cost more than they save")
+            spec_reason = (f"off: at batch {batch} a step that drafts and verifies {per_step} tokens costs "
+                           f"{verify / plain:.2f}x a plain one and would yield only {gain:.2f}x the tokens")
             spec = None
     elif ctx.choice.speculative_decoding is True:
         spec_reason = "requested, but the profile has no speculative-decoding option"
@@ -169,9 +181,11 @@ def _evaluate(ctx: Context, option: PrecisionOption, tp: int, kv_dtype: str, con
         accept = c.get("roofline", "acceptance_rate").get(spec.method, 0.5)
         per_step_tokens = cap.speculative_tokens_per_step(accept, spec.num_speculative_tokens)
         step_tokens_in_flight = spec.num_speculative_tokens + 1
-    single = cap.decode_step_seconds(profile, option.precision, tp, 1, ctx_avg, kv_gpu, roof, step_tokens_in_flight)
+    drafting = cap.draft_seconds(profile, option.precision, tp, spec.num_speculative_tokens, roof) if spec else 0.0
+    single = cap.decode_step_seconds(profile, option.precision, tp, 1, ctx_avg, kv_gpu, roof,
+                                     step_tokens_in_flight) + drafting
     loaded = cap.decode_step_seconds(profile, option.precision, tp, batch, ctx_avg, kv_gpu, roof,
-                                     step_tokens_in_flight)
+                                     step_tokens_in_flight, prefill_per_seq=prefill) + drafting
     instances = ctx.choice.instances or ctx.machine.gpu_count // tp
     return Candidate(
         option=option, tp=tp, instances=instances, kv_dtype=kv_dtype, max_model_len=context,
@@ -195,25 +209,32 @@ def _contexts(ctx: Context, target: int) -> list[int]:
 
 
 def _better(ctx: Context, a: Candidate, b: Candidate) -> bool:
-    """Is a better than b for the objective? Ties go to the smaller TP."""
-    if ctx.objective == "latency":
-        return (a.decode_tps_per_seq, -a.tp) > (b.decode_tps_per_seq, -b.tp)
-    return (a.output_tps, -a.tp) > (b.output_tps, -b.tp)
+    """Is a better than b for the objective? A wider split must win by the margin to be chosen."""
+    margin = 1 + float(ctx.c.get("planning", "wider_split_margin"))
+    score_a, score_b = ((a.decode_tps_per_seq, b.decode_tps_per_seq) if ctx.objective == "latency"
+                        else (a.output_tps, b.output_tps))
+    if a.tp > b.tp:
+        return score_a > score_b * margin
+    if a.tp < b.tp:
+        return score_a * margin >= score_b
+    return score_a > score_b
 
 
 def _search(ctx: Context, options: Sequence[PrecisionOption], tps: Sequence[int], target: int
             ) -> tuple[Candidate | None, list[str], list[Candidate]]:
     """The best candidate: the preferred precision that fits, the longest context it fits with,
-    the TP size the objective likes best. Also every reason something did not fit."""
+    the TP size the objective likes best. Otherwise why the preferred precision does not fit,
+    at the widest split and shortest context tried, last."""
     reasons: list[str] = []
     kv_dtype = _kv_dtype(ctx)
-    for option in options:
+    for rank, option in enumerate(options):
         for context in _contexts(ctx, target):
             fitting: list[Candidate] = []
             for tp in tps:
                 result = _evaluate(ctx, option, tp, kv_dtype, context)
                 if isinstance(result, str):
-                    reasons.append(result)
+                    if rank == 0:
+                        reasons.append(result)
                 else:
                     fitting.append(result)
             if fitting:
@@ -241,19 +262,28 @@ def _explain(ctx: Context, best: Candidate, others: Sequence[Candidate], target:
         f"; weights {_gb(best.weight_bytes_per_gpu)} per GPU at TP{best.tp}.",
     ]
     alt = [o for o in others if o.tp != best.tp]
+    margin = round(ctx.c.get("planning", "wider_split_margin") * 100)
     if ctx.objective == "throughput":
-        why = f"TP{best.tp} x {best.instances} instance(s) gives the highest modeled throughput " \
-              f"({best.output_tps:,.0f} tok/s)"
+        top = max(others, key=lambda o: o.output_tps)
+        why = f"TP{best.tp} x {best.instances} instance(s) " + (
+            f"gives the highest modeled throughput ({best.output_tps:,.0f} tok/s)" if top is best else
+            f"models {best.output_tps:,.0f} tok/s, within {margin}% of TP{top.tp}'s {top.output_tps:,.0f} with a "
+            "narrower split (less all-reduce, more replicas)")
         if alt:
             why += "; vs " + ", ".join(f"TP{o.tp} x {o.instances}: {o.output_tps:,.0f} tok/s" for o in alt)
     else:
-        why = f"TP{best.tp} gives the lowest modeled per-token latency ({1000 / best.decode_tps_per_seq:.1f} ms)"
+        top = max(others, key=lambda o: o.decode_tps_per_seq)
+        why = f"TP{best.tp} " + (
+            f"gives the lowest modeled per-token latency ({1000 / best.decode_tps_per_seq:.1f} ms)" if top is best
+            else f"models {1000 / best.decode_tps_per_seq:.1f} ms per token, within {margin}% of TP{top.tp}'s "
+            f"{1000 / top.decode_tps_per_seq:.1f} ms with a narrower split")
         if alt:
             why += "; vs " + ", ".join(f"TP{o.tp}: {1000 / o.decode_tps_per_seq:.1f} ms" for o in alt)
     smaller = [t for t in valid_tp_sizes(p.architecture, m.gpu_count) if t < best.tp and t not in
                {o.tp for o in others}]
     if smaller:
-        why += f"; TP{', TP'.join(map(str, smaller))} do not fit"
+        listed = ", ".join(f"TP{t}" for t in smaller)
+        why += f"; {listed} {'does' if len(smaller) == 1 else 'do'} not fit"
     lines.append(why + ".")
     if best.instances > 1:
         lines.append(f"{best.instances} instances of TP{best.tp}: the model fits in fewer GPUs than the machine "
