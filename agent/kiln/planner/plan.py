@@ -61,7 +61,7 @@ class Context:
         reserved = int(self.c.get("vllm", "driver_reserved_bytes"))
         return min(g.memory_bytes for g in self.machine.gpus) - reserved
 
-    def roofline(self, precision: str, tp: int) -> cap.Roofline:
+    def roofline(self, precision: str) -> cap.Roofline:
         spec = self.machine.gpus[0].spec
         eff_bw = self.c.get("roofline", "memory_bandwidth_efficiency")
         flops_key = {"nvfp4": "fp4", "mxfp4": "fp4", "int4": "bf16"}.get(precision, precision)
@@ -109,91 +109,108 @@ def _pow2_floor(n: float) -> int:
     return p
 
 
+@dataclass(frozen=True)
+class Workload:
+    """The planner's typical request on one instance: step times from the capacity model."""
+
+    profile: Profile
+    precision: str
+    tp: int
+    roof: cap.Roofline
+    kv_per_token_gpu: int
+    context: int  # average tokens in a running sequence's KV cache
+    prefill: float  # prompt tokens prefilled per generated token
+
+    def step(self, batch: int, tokens_per_seq: int = 1, *, with_prefill: bool = True) -> float:
+        return cap.decode_step_seconds(self.profile, self.precision, self.tp, batch, self.context,
+                                       self.kv_per_token_gpu, self.roof, tokens_per_seq,
+                                       prefill_per_seq=self.prefill if with_prefill else 0.0)
+
+    def speculative_step(self, batch: int, k: int, *, with_prefill: bool = True) -> float:
+        return self.step(batch, k + 1, with_prefill=with_prefill) + cap.draft_seconds(
+            self.profile, self.precision, self.tp, k, self.roof)
+
+
+def _decide_speculative(ctx: Context, options: tuple[Speculative, ...], work: Workload, batch: int
+                        ) -> tuple[Speculative | None, str]:
+    """Whether drafts pay for themselves at this batch, and why."""
+    if not options:
+        return None, ("requested, but the profile has no speculative-decoding option"
+                      if ctx.choice.speculative_decoding else
+                      "off: the profile has no draft model, EAGLE head or MTP layer")
+    if ctx.choice.speculative_decoding is False:
+        return None, "off, as the user asked"
+    spec = options[0]
+    k = spec.num_speculative_tokens
+    emitted = cap.speculative_tokens_per_step(ctx.c.get("roofline", "acceptance_rate").get(spec.method, 0.5), k)
+    plain, verify = work.step(batch), work.speculative_step(batch, k)
+    gain = emitted * plain / verify
+    if ctx.choice.speculative_decoding:
+        return spec, "on, as the user asked"
+    if ctx.objective == "latency":
+        return spec, (f"on: it cuts per-token latency; a verify step emits ~{emitted:.1f} tokens for little "
+                      "more than one step's time")
+    if gain >= ctx.c.get("roofline", "speculative_min_gain"):
+        return spec, (f"on: at batch {batch} decode is memory-bound, so drafting and verifying {k + 1} tokens per "
+                      f"step costs {verify / plain:.2f}x a plain step and yields {gain:.2f}x the tokens")
+    return None, (f"off: at batch {batch} a step that drafts and verifies {k + 1} tokens costs "
+                  f"{verify / plain:.2f}x a plain one and would yield only {gain:.2f}x the tokens")
+
+
 def _evaluate(ctx: Context, option: PrecisionOption, tp: int, kv_dtype: str, context: int) -> Candidate | str:
     """Model one (precision, TP, context) candidate; a string says why it does not fit."""
     c, profile = ctx.c, ctx.profile
     plan_c = c.get("planning")
     typical = min(plan_c["typical_prompt_tokens"] + plan_c["typical_output_tokens"], context)
     seq_cap = plan_c["max_num_seqs"][ctx.objective]
-    batched = max(plan_c["max_num_batched_tokens"][ctx.objective], 0)
+    batched = plan_c["max_num_batched_tokens"][ctx.objective]
     spec_options = _speculative_options(ctx)
-    spec_wanted = ctx.choice.speculative_decoding is not False and bool(spec_options)
-    spec = spec_options[0] if spec_wanted else None
-    per_step = (spec.num_speculative_tokens + 1) if spec else 1
+    # Size memory as if drafts run (their weights and larger CUDA graphs), so turning them on never overflows.
+    draft = spec_options[0] if spec_options and ctx.choice.speculative_decoding is not False else None
+    per_step = draft.num_speculative_tokens + 1 if draft else 1
 
-    usable = int(ctx.gpu_memory * ctx.utilization)
-    found = cap.kv_capacity(
-        profile, precision=option.precision, tp=tp, gpu_memory_bytes=ctx.gpu_memory, utilization=ctx.utilization,
-        max_model_len=context, max_num_seqs=seq_cap, max_num_batched_tokens=batched, kv_dtype=kv_dtype, c=c,
-        draft_params=(spec.draft_params or 0) if spec else 0, max_capture_size=_capture_size(seq_cap, per_step))
-    weights, kv_bytes, layout, tokens, concurrency = (
-        found.weight_bytes_per_gpu, found.kv_cache_bytes_per_gpu, found.layout, found.tokens, found.concurrency)
-    if kv_bytes <= 0:
-        return (f"TP{tp} {option.precision}: weights {_gb(weights)} + runtime {_gb(found.overhead_bytes_per_gpu)} "
-                f"per GPU exceed the {_gb(usable)} vLLM may use ({ctx.utilization:.2f} of {_gb(ctx.gpu_memory)})")
+    def capacity(max_num_seqs: int) -> cap.KvCapacity:
+        return cap.kv_capacity(
+            profile, precision=option.precision, tp=tp, gpu_memory_bytes=ctx.gpu_memory,
+            utilization=ctx.utilization, max_model_len=context, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=batched, kv_dtype=kv_dtype, c=c,
+            draft_params=(draft.draft_params or 0) if draft else 0,
+            max_capture_size=_capture_size(max_num_seqs, per_step))
+
+    found = capacity(seq_cap)
+    if found.kv_cache_bytes_per_gpu <= 0:
+        usable = int(ctx.gpu_memory * ctx.utilization)
+        return (f"TP{tp} {option.precision}: weights {_gb(found.weight_bytes_per_gpu)} + runtime "
+                f"{_gb(found.overhead_bytes_per_gpu)} per GPU exceed the {_gb(usable)} vLLM may use "
+                f"({ctx.utilization:.2f} of {_gb(ctx.gpu_memory)})")
     needed = max(context, plan_c["min_concurrency"] * typical)
-    if tokens < needed:
-        return (f"TP{tp} {option.precision}: KV cache holds {tokens:,} tokens, fewer than the {needed:,} needed "
-                f"for {plan_c['min_concurrency']} requests of {typical:,} tokens at a {context:,}-token context")
+    if found.tokens < needed:
+        return (f"TP{tp} {option.precision}: KV cache holds {found.tokens:,} tokens, fewer than the {needed:,} "
+                f"needed for {plan_c['min_concurrency']} requests of {typical:,} tokens at a {context:,}-token context")
 
-    max_num_seqs = max(8, min(seq_cap, _pow2_floor(tokens / typical)))
-    batch = max(1, min(max_num_seqs, tokens // typical))
-    roof = ctx.roofline(option.precision, tp)
-    ctx_avg = plan_c["typical_prompt_tokens"] + plan_c["typical_output_tokens"] // 2
-    prefill = plan_c["typical_prompt_tokens"] / plan_c["typical_output_tokens"]
-    kv_gpu = layout.bytes_per_token_per_gpu
-
-    spec_reason = ""
-    if spec is not None:
-        k = spec.num_speculative_tokens
-        plain = cap.decode_step_seconds(profile, option.precision, tp, batch, ctx_avg, kv_gpu, roof,
-                                        prefill_per_seq=prefill)
-        verify = cap.decode_step_seconds(profile, option.precision, tp, batch, ctx_avg, kv_gpu, roof, per_step,
-                                         prefill_per_seq=prefill) + cap.draft_seconds(profile, option.precision,
-                                                                                      tp, k, roof)
-        accept = c.get("roofline", "acceptance_rate").get(spec.method, 0.5)
-        emitted = cap.speculative_tokens_per_step(accept, k)
-        gain = emitted * plain / verify
-        min_gain = c.get("roofline", "speculative_min_gain")
-        if ctx.choice.speculative_decoding is True:
-            spec_reason = "on, as the user asked"
-        elif ctx.objective == "latency":
-            spec_reason = (f"on: it cuts per-token latency; a verify step emits ~{emitted:.1f} tokens "
-                           "for little more than one step's time")
-        elif gain >= min_gain:
-            spec_reason = (f"on: at batch {batch} decode is memory-bound, so drafting and verifying {per_step} "
-                           f"tokens per step costs {verify / plain:.2f}x a plain step and yields {gain:.2f}x "
-                           "the tokens")
-        else:
-            spec_reason = (f"off: at batch {batch} a step that drafts and verifies {per_step} tokens costs "
-                           f"{verify / plain:.2f}x a plain one and would yield only {gain:.2f}x the tokens")
-            spec = None
-    elif ctx.choice.speculative_decoding is True:
-        spec_reason = "requested, but the profile has no speculative-decoding option"
-    elif not spec_options:
-        spec_reason = "off: the profile has no draft model, EAGLE head or MTP layer"
+    max_num_seqs = max(8, min(seq_cap, _pow2_floor(found.tokens / typical)))
+    if max_num_seqs < seq_cap:
+        found = capacity(max_num_seqs)  # fewer sequences: smaller sampler warm-up and graphs, more KV
+    batch = max(1, min(max_num_seqs, found.tokens // typical))
+    work = Workload(profile, option.precision, tp, ctx.roofline(option.precision),
+                    found.layout.bytes_per_token_per_gpu,
+                    context=plan_c["typical_prompt_tokens"] + plan_c["typical_output_tokens"] // 2,
+                    prefill=plan_c["typical_prompt_tokens"] / plan_c["typical_output_tokens"])
+    spec, spec_reason = _decide_speculative(ctx, spec_options, work, batch)
+    if spec is None:
+        emitted, single, loaded = 1.0, work.step(1, with_prefill=False), work.step(batch)
     else:
-        spec_reason = "off, as the user asked"
-
-    per_step_tokens = 1.0
-    step_tokens_in_flight = 1
-    if spec is not None:
-        accept = c.get("roofline", "acceptance_rate").get(spec.method, 0.5)
-        per_step_tokens = cap.speculative_tokens_per_step(accept, spec.num_speculative_tokens)
-        step_tokens_in_flight = spec.num_speculative_tokens + 1
-    drafting = cap.draft_seconds(profile, option.precision, tp, spec.num_speculative_tokens, roof) if spec else 0.0
-    single = cap.decode_step_seconds(profile, option.precision, tp, 1, ctx_avg, kv_gpu, roof,
-                                     step_tokens_in_flight) + drafting
-    loaded = cap.decode_step_seconds(profile, option.precision, tp, batch, ctx_avg, kv_gpu, roof,
-                                     step_tokens_in_flight, prefill_per_seq=prefill) + drafting
+        k = spec.num_speculative_tokens
+        emitted = cap.speculative_tokens_per_step(c.get("roofline", "acceptance_rate").get(spec.method, 0.5), k)
+        single, loaded = work.speculative_step(1, k, with_prefill=False), work.speculative_step(batch, k)
     instances = ctx.choice.instances or ctx.machine.gpu_count // tp
     return Candidate(
         option=option, tp=tp, instances=instances, kv_dtype=kv_dtype, max_model_len=context,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max(batched, max_num_seqs), speculative=spec,
-        spec_reason=spec_reason, weight_bytes_per_gpu=weights, kv_cache_bytes_per_gpu=kv_bytes, layout=layout,
-        kv_tokens=tokens, concurrency=concurrency, batch=batch,
-        decode_tps_per_seq=per_step_tokens / single,
-        output_tps=instances * batch * per_step_tokens / loaded,
+        spec_reason=spec_reason, weight_bytes_per_gpu=found.weight_bytes_per_gpu,
+        kv_cache_bytes_per_gpu=found.kv_cache_bytes_per_gpu, layout=found.layout, kv_tokens=found.tokens,
+        concurrency=found.concurrency, batch=batch, decode_tps_per_seq=emitted / single,
+        output_tps=instances * batch * emitted / loaded,
     )
 
 
