@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from kiln.choice.schema import Choice
+from kiln.hardware.detect import detect_recorded
+from kiln.hardware.fixtures import load_fixture
 from kiln.hardware.model import Architecture
 from kiln.planner.plan import make_plan
 from kiln.planner.types import Plan, Refusal
@@ -157,3 +159,14 @@ def test_every_profile_plans_or_refuses_clearly(kiln: Kiln, machine: str) -> Non
                 assert result.quantization == "nvfp4"
             assert result.predicted.output_tokens_per_s > 0
             assert result.predicted.kv_cache_tokens_per_instance >= result.engine.max_model_len
+
+
+def test_unknown_gpu_without_bandwidth_is_refused_not_a_crash(kiln: Kiln) -> None:
+    data = load_fixture("h100x1")
+    device = {k: v for k, v in data["nvml"]["devices"][0].items()
+              if k not in ("nvmlDeviceGetMemoryBusWidth", "nvmlDeviceGetMaxClockInfo_MEM")}
+    device["nvmlDeviceGetName"] = "NVIDIA Prototype"
+    data["nvml"] = {**data["nvml"], "devices": [device]}
+    machine = detect_recorded(data, kiln.gpus)
+    result = make_plan(machine, kiln.catalog().get("qwen3-8b"), Choice(), kiln.constants)
+    assert isinstance(result, Refusal) and "memory_bandwidth_gb_s" in result.suggestions[0]

@@ -19,8 +19,7 @@ from kiln.choice.userdata import KILN_FILE, extract_settings
 from kiln.validation import YamlError, parse_yaml
 
 TAG_PREFIX = "kiln-"
-TAG_ALIASES = {"tp": "tensor_parallel_size", "speculative": "speculative_decoding", "kv_cache": "kv_cache_dtype",
-               "price": "price_per_hour"}
+TAG_ALIASES = {"tp": "tensor_parallel_size", "speculative": "speculative_decoding", "kv_cache": "kv_cache_dtype"}
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,7 @@ class SourceReader:
         return data if isinstance(data, dict) else None
 
     def read(self) -> RawInputs:
+        self.problems = []
         instance = self.instance_data()
         platform = self.platform(instance)
         user_data, origin = self.cloud_init_user_data()

@@ -361,6 +361,11 @@ def make_plan(machine: Machine, profile: Profile, choice: Choice, constants: Con
         return Refusal(problem, ("on a machine without a supported GPU, `kiln up --profile tiny-cpu` serves a "
                                  "tiny model on the CPU",
                                  "for real models launch an NVIDIA GPU Droplet (H100, H200, L40S or B300)"))
+    unknown = next((g for g in machine.gpus if g.spec.memory_bandwidth_gb_s <= 0), None)
+    if unknown is not None:
+        return Refusal(f"{unknown.name} is not in kiln's hardware data and NVML reports no memory clock, so its "
+                       "memory bandwidth is unknown",
+                       ("describe the machine in a file with memory_bandwidth_gb_s and pass it as --machine PATH",))
     ctx = Context(machine, profile, choice, constants, choice.objective or "throughput",
                   choice.gpu_memory_utilization or constants.get("vllm", "default_gpu_memory_utilization"))
     arch = machine.gpus[0].architecture
