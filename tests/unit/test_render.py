@@ -6,6 +6,7 @@ import argparse
 import json
 from functools import cache
 
+import pytest
 from tests.unit.test_planner import GPU_FIXTURES
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
@@ -14,8 +15,8 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from kiln.choice.schema import Choice
 from kiln.planner.plan import make_plan
 from kiln.planner.types import Plan
-from kiln.render.systemd import instance_unit, quote
-from kiln.render.vllm import IMAGE_VLLM, Runtime, render_instances
+from kiln.render.systemd import dropin_path, instance_dropin, instance_unit, instance_unit_name, quote
+from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime, render_instances
 from kiln.wiring import Kiln
 
 
@@ -62,18 +63,45 @@ def test_every_rendered_argv_parses_with_vllm(kiln: Kiln) -> None:
                 assert json.loads(json.dumps(args.speculative_config)) == p.engine.speculative_config, where
 
 
-def test_systemd_unit_carries_the_argv_devices_and_numa(kiln: Kiln) -> None:
+def test_systemd_dropin_carries_the_devices_cpus_and_numa(kiln: Kiln) -> None:
     p = make_plan(kiln.machine("h100x8"), kiln.catalog().get("llama-3.3-70b-instruct"), Choice(), kiln.constants)
     assert isinstance(p, Plan)
     inst = render_instances(p, Runtime())[0]
-    unit = instance_unit(inst, profile=p.profile)
-    assert "NoNewPrivileges=yes" in unit and "DevicePolicy=closed" in unit
-    for minor in inst.device_minors:
-        assert f"DeviceAllow=/dev/nvidia{minor} rw" in unit
+    dropin = instance_dropin(inst, profile=p.profile)
+    assert instance_unit(inst, profile=p.profile) == dropin  # what `kiln plan --systemd` prints
+    lines = dropin.splitlines()
+    assert lines[0].startswith(f"# kiln-vllm@{inst.name}.service.d/50-kiln.conf: ")
+    assert dropin_path(inst.name) == f"kiln-vllm@{inst.name}.service.d/50-kiln.conf"
+    assert "[Service]" in lines and "[Unit]" in lines
+    description = next(line for line in lines if line.startswith("Description="))
+    assert p.profile in description and f"port {inst.port}" in description
+    assert [line for line in lines if line.startswith("DeviceAllow=")] == [
+        f"DeviceAllow=/dev/nvidia{minor} rw" for minor in inst.device_minors
+    ]
+    assert inst.device_minors
+    assert any(line.startswith("CPUAffinity=") for line in lines) == bool(inst.cpus)
     if inst.numa_node is not None:
-        assert f"NUMAMask={inst.numa_node}" in unit
-    exec_line = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    assert exec_line.startswith("ExecStart=/opt/kiln/vllm/bin/vllm serve --model ")
+        assert "NUMAPolicy=bind" in lines and f"NUMAMask={inst.numa_node}" in lines
+    # The command line lives in runtime.json, read by `kiln agent exec`; never in the drop-in.
+    assert not any(line.startswith(("ExecStart=", "Environment=")) for line in lines)
+
+
+def test_systemd_dropin_for_a_cpu_instance_has_no_devices(kiln: Kiln) -> None:
+    p = make_plan(kiln.machine("cpu-only"), kiln.catalog().get("tiny-cpu"), Choice(), kiln.constants)
+    assert isinstance(p, Plan)
+    dropin = instance_dropin(render_instances(p, Runtime())[0], profile=p.profile)
+    assert "DeviceAllow=" not in dropin and "GPUs none (CPU)" in dropin
+
+
+def test_systemd_cpu_ranges_and_names() -> None:
+    inst = RenderedInstance(name="i0", port=8100, gpus=(0,), device_minors=(0,), argv=(), env={},
+                            cpus=(0, 1, 2, 3, 8, 10, 11), numa_node=None)
+    lines = instance_dropin(inst, profile="50%-off").splitlines()
+    assert "CPUAffinity=0-3 8 10-11" in lines and "NUMAPolicy=bind" not in lines
+    assert "Description=kiln vLLM instance i0 (50%%-off, GPUs 0, port 8100)" in lines
+    assert instance_unit_name("vllm-0") == "kiln-vllm@vllm-0.service"
+    with pytest.raises(ValueError, match="unit name"):
+        instance_unit_name("a b")
 
 
 def test_systemd_quoting() -> None:

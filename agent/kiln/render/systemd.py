@@ -1,10 +1,25 @@
-"""A rendered instance as a hardened systemd service unit. Pure text."""
+"""kiln's systemd units: the static ones shipped in data/systemd, and a rendered drop-in per vLLM instance. Pure text.
+
+Every unit starts its process through `kiln agent exec NAME`, which execve()s the command recorded in
+/var/lib/kiln/runtime.json, so the argv and environment never appear in unit files. What differs
+between instances on a machine (GPU device nodes, CPU affinity, NUMA node) comes in a drop-in for the
+template kiln-vllm@.service.
+"""
 
 from __future__ import annotations
 
+import re
+from importlib import resources
+
 from kiln.render.vllm import RenderedInstance
 
-NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-caps")
+TARGET = "kiln.target"
+VLLM_TEMPLATE = "kiln-vllm@.service"
+DROPIN_NAME = "50-kiln.conf"
+UNIT_SUFFIXES = (".service", ".target")
+
+# Instance names end up in unit names; keep them to what needs no systemd-escape.
+_INSTANCE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def quote(arg: str) -> str:
@@ -14,10 +29,6 @@ def quote(arg: str) -> str:
         return escaped
     escaped = escaped.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
-
-
-def _env_line(key: str, value: str) -> str:
-    return "Environment=" + quote(f"{key}={value}")
 
 
 def _cpu_list(cpus: tuple[int, ...]) -> str:
@@ -37,52 +48,53 @@ def _cpu_list(cpus: tuple[int, ...]) -> str:
     return " ".join(ranges)
 
 
-def instance_unit(inst: RenderedInstance, *, profile: str, user: str = "kiln",
-                  state_dir: str = "/var/lib/kiln") -> str:
+def _check_name(name: str) -> str:
+    if not _INSTANCE_NAME.fullmatch(name):
+        raise ValueError(f"instance name {name!r} is not usable in a systemd unit name")
+    return name
+
+
+def instance_unit_name(name: str) -> str:
+    """The unit that runs instance NAME: kiln-vllm@NAME.service."""
+    return VLLM_TEMPLATE.replace("@", f"@{_check_name(name)}")
+
+
+def dropin_path(name: str) -> str:
+    """Where instance NAME's drop-in goes, relative to a unit folder (e.g. /run/systemd/system)."""
+    return f"{instance_unit_name(name)}.d/{DROPIN_NAME}"
+
+
+def instance_dropin(inst: RenderedInstance, *, profile: str) -> str:
+    """The drop-in for kiln-vllm@NAME.service: its GPUs' device nodes, CPUs, NUMA node and a description."""
     gpus = ",".join(map(str, inst.gpus)) or "none (CPU)"
+    description = f"kiln vLLM instance {inst.name} ({profile}, GPUs {gpus}, port {inst.port})"
     lines = [
+        f"# {dropin_path(inst.name)}: devices, CPUs and NUMA node of vLLM instance {inst.name}, written by kiln.",
         "[Unit]",
-        f"Description=kiln vLLM instance {inst.name} ({profile}, GPUs {gpus}, port {inst.port})",
-        "Documentation=https://docs.vllm.ai/",
-        "After=network-online.target nvidia-persistenced.service nvidia-fabricmanager.service",
-        "Wants=network-online.target",
-        "PartOf=kiln.target",
-        "StartLimitIntervalSec=600",
-        "StartLimitBurst=10",
+        # A % in the profile name would otherwise read as a specifier.
+        "Description=" + description.replace("%", "%%"),
         "",
         "[Service]",
-        "Type=exec",
-        f"User={user}",
-        f"Group={user}",
-        *(_env_line(k, v) for k, v in sorted(inst.env.items())),
-        "ExecStart=" + " ".join(quote(a) for a in inst.argv),
-        "Restart=on-failure",
-        "RestartSec=5",
-        "RestartSteps=5",
-        "RestartMaxDelaySec=120",
-        "TimeoutStartSec=1800",
-        "TimeoutStopSec=60",
-        "KillMode=mixed",
-        "LimitNOFILE=1048576",
-        "LimitMEMLOCK=infinity",
-        "NoNewPrivileges=yes",
-        "ProtectSystem=strict",
-        "ProtectHome=yes",
-        "PrivateTmp=yes",
-        "ProtectKernelTunables=yes",
-        "ProtectKernelModules=yes",
-        "ProtectControlGroups=yes",
-        "RestrictSUIDSGID=yes",
-        "LockPersonality=yes",
-        f"ReadWritePaths={state_dir}",
-        "DevicePolicy=closed",
     ]
-    if inst.gpus:
-        lines += [f"DeviceAllow={dev} rw" for dev in NVIDIA_CONTROL_DEVICES]
-        lines += [f"DeviceAllow=/dev/nvidia{minor} rw" for minor in inst.device_minors]
+    # DeviceAllow= adds to the template's list (control devices); DevicePolicy=closed shuts out other GPUs.
+    lines += [f"DeviceAllow=/dev/nvidia{minor} rw" for minor in inst.device_minors]
     if inst.cpus:
         lines.append(f"CPUAffinity={_cpu_list(inst.cpus)}")
     if inst.numa_node is not None:
         lines += ["NUMAPolicy=bind", f"NUMAMask={inst.numa_node}"]
-    lines += ["", "[Install]", "WantedBy=kiln.target", ""]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
+
+
+def instance_unit(inst: RenderedInstance, *, profile: str) -> str:
+    """Kept for `kiln plan --systemd`: the instance's drop-in (the unit itself is the static template)."""
+    return instance_dropin(inst, profile=profile)
+
+
+def unit_files() -> dict[str, str]:
+    """The static units shipped in the package's data/systemd folder: {file name: text}."""
+    folder = resources.files("kiln").joinpath("data").joinpath("systemd")
+    return {
+        entry.name: entry.read_text(encoding="utf-8")
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+        if entry.name.endswith(UNIT_SUFFIXES)
+    }

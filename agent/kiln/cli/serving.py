@@ -1,0 +1,196 @@
+"""`kiln agent run|exec`, `kiln up` and `kiln status`: the serving runtime's commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import requests
+
+from kiln.choice.resolve import ResolvedChoice, resolve_choice
+from kiln.choice.schema import Choice
+from kiln.choice.sources import SourceReader
+from kiln.cli.output import print_json, table
+from kiln.errors import KilnError, NotFoundError
+from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM
+from kiln.serve.agent import Agent, AgentOptions, configure_logging, status_of
+from kiln.serve.layout import HEALTH_PORT, PUBLIC_PORT, ROUTER_METRICS_PORT, ROUTER_PORT, ServeLayout
+from kiln.wiring import Kiln
+
+EXIT_UNAVAILABLE = 2
+
+
+def _add_ports(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", type=Path, help="plan, API key, logs and made models")
+    p.add_argument("--port", type=int, default=PUBLIC_PORT, help="the public OpenAI endpoint")
+    p.add_argument("--health-port", type=int, default=HEALTH_PORT, help="the local health endpoint")
+    p.add_argument("--router-port", type=int, default=ROUTER_PORT, help="vllm-router (localhost)")
+    p.add_argument("--router-metrics-port", type=int, default=ROUTER_METRICS_PORT)
+    p.add_argument("--machine", help="plan for a fixture or machine file instead of this machine's GPUs")
+
+
+def add_parsers(sub: Any) -> None:
+    agent = sub.add_parser("agent", help="the boot agent (run by kiln-agent.service on the image)")
+    asub = agent.add_subparsers(dest="action", required=True)
+    run = asub.add_parser("run", help="detect, plan, serve and supervise until stopped")
+    _add_ports(run)
+    run.add_argument("--root", type=Path, default=Path("/"), help="read the user's choice under this folder")
+    run.add_argument("--public-host", default="0.0.0.0", help="address the public endpoint binds")
+    run.add_argument("--motd", type=Path, default=Path("/run/motd.d/kiln"), help="where to show the endpoint")
+    run.add_argument("-v", "--verbose", action="store_true")
+    exe = asub.add_parser("exec", help="replace this process by a planned server (the systemd units' ExecStart)")
+    exe.add_argument("name", help="proxy, router or an instance name from runtime.json")
+    exe.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir)
+
+    up = sub.add_parser("up", help="serve in the foreground on this machine (a laptop: the tiny CPU model)")
+    _add_ports(up)
+    up.add_argument("--profile", default="tiny-cpu", help="the profile to serve (default: tiny-cpu)")
+    up.add_argument("--instances", type=int, help="vLLM instances (default: 2 for tiny-cpu)")
+    up.add_argument("--host", default="127.0.0.1", help="address the public endpoint binds (default: localhost)")
+    up.add_argument("--api-key", help="the endpoint's key (default: generated and kept in the state folder)")
+    up.add_argument("-v", "--verbose", action="store_true")
+
+    status = sub.add_parser("status", help="what the agent serves, its health, and where the API key is")
+    status.add_argument("--health", default=f"http://127.0.0.1:{HEALTH_PORT}", help="the health endpoint")
+    status.add_argument("--json", action="store_true", help="print JSON for programs")
+
+
+def _layout(args: argparse.Namespace, default_state: Path, public_host: str) -> ServeLayout:
+    return ServeLayout(state_dir=(args.state_dir or default_state).expanduser().resolve(), public_host=public_host,
+                       public_port=args.port, router_port=args.router_port,
+                       router_metrics_port=args.router_metrics_port, health_port=args.health_port)
+
+
+def _primary_address() -> str:
+    """The first non-loopback IPv4 address: what the endpoint is reached at."""
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family.name == "AF_INET" and not a.address.startswith("127."):
+                return str(a.address)
+    return "127.0.0.1"
+
+
+def _serve(agent: Agent) -> int:
+    def stop(_signum: int, _frame: object) -> None:
+        agent.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return agent.run()
+
+
+def cmd_agent(kiln: Kiln, args: argparse.Namespace) -> int:
+    if args.action == "exec":
+        return exec_planned(args.state_dir, args.name)
+    configure_logging(args.verbose)
+    layout = _layout(args, ServeLayout().state_dir, args.public_host)
+    options = AgentOptions(layout=layout, read_choice=lambda: resolve_choice(SourceReader(root=args.root).read()),
+                           machine=args.machine, vllm_command=IMAGE_VLLM, advertised_host=_primary_address(),
+                           motd_file=args.motd)
+    return _serve(Agent(kiln, options))
+
+
+def exec_planned(state_dir: Path, name: str) -> int:
+    runtime = ServeLayout(state_dir=state_dir).runtime_file
+    try:
+        processes = json.loads(runtime.read_text(encoding="utf-8"))["processes"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise KilnError(f"cannot read {runtime}: {exc}", fix="start kiln-agent.service; it writes this file") from exc
+    spec = next((p for p in processes if p["name"] == name), None)
+    if spec is None:
+        raise NotFoundError(f"no process named {name!r} in {runtime}",
+                            fix=f"one of: {', '.join(p['name'] for p in processes)}")
+    os.execve(spec["argv"][0], spec["argv"], {**os.environ, **spec["env"]})
+    return 0  # not reached
+
+
+def cmd_up(kiln: Kiln, args: argparse.Namespace) -> int:
+    configure_logging(args.verbose)
+    state_home = Path(os.environ.get("XDG_STATE_HOME", "~/.local/state")).expanduser()
+    layout = _layout(args, state_home / "kiln", args.host)
+    instances = args.instances or (2 if args.profile == "tiny-cpu" else None)
+    choice = Choice(profile=args.profile, instances=instances, api_key=args.api_key)
+    origins = {k: "command line" for k in choice.model_dump(exclude_none=True)}
+    options = AgentOptions(layout=layout, read_choice=lambda: ResolvedChoice(choice, origins),
+                           machine=args.machine, vllm_command=(sys.executable, *MODULE_VLLM),
+                           advertised_host=args.host if args.host != "0.0.0.0" else _primary_address())
+    agent = Agent(kiln, options)
+    print(f"kiln up: {args.profile} on this machine; state in {layout.state_dir}")
+    print(f"  endpoint  {agent.state.endpoint}/v1   (OpenAI API; key: {layout.api_key_file})")
+    print(f"  health    {layout.health_url}/status   (`kiln status --health {layout.health_url}`)")
+    print(f"  logs      {layout.log_dir}/")
+    print("Ctrl-C stops everything.", flush=True)
+    return _serve(agent)
+
+
+def _key_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError:
+        return f"(in {path}; readable by its owner only)"
+
+
+def cmd_status(_kiln: Kiln, args: argparse.Namespace) -> int:
+    base = args.health.rstrip("/")
+    try:
+        reply = requests.get(f"{base}/status", timeout=5)
+        reply.raise_for_status()
+        status: dict[str, Any] = reply.json()
+    except requests.RequestException as exc:
+        raise KilnError(f"no kiln agent answers at {base}: {exc.__class__.__name__}",
+                        fix="start it: `systemctl start kiln-agent` on the image, or `kiln up` on a laptop") from exc
+    if args.json:
+        print_json(status)
+        return 0
+    print(status_text(status, _key_text(status.get("api_key_file", ""))))
+    return 0 if status.get("phase") in ("ready", "starting", "degraded") else EXIT_UNAVAILABLE
+
+
+def status_text(s: dict[str, Any], key: str) -> str:
+    plan = s.get("plan") or {}
+    lines = [f"phase     {s.get('phase')}", f"endpoint  {s.get('endpoint')}/v1",
+             f"api key   {key}", f"key file  {s.get('api_key_file')}", f"health    {s.get('health')}"]
+    if plan:
+        lines.append(f"serving   {plan.get('profile')} ({plan.get('quantization')}, "
+                     f"TP{plan.get('tensor_parallel_size')} x {len(plan.get('instances', []))})")
+    serving = s.get("serving") or {}
+    cost = serving.get("usd_per_million_output_tokens")
+    lines.append(f"rate      {serving.get('output_tokens_per_s', 0)} output tokens/s"
+                 + (f", ${cost:.4f} per million at ${serving.get('usd_per_hour')}/h" if cost is not None else ""))
+    rows = [[m["name"], m.get("port") or "-", m.get("pid") or "-", m["state"], m["restarts"],
+             "yes" if m.get("routed") else "-"] for m in [*s.get("instances", []), *s.get("services", [])]]
+    if rows:
+        lines += ["", table(["Process", "Port", "PID", "State", "Restarts", "Routed"], rows)]
+    gpus = s.get("gpus") or []
+    if gpus:
+        lines += ["", table(["GPU", "Util %", "Memory GiB", "Temp C", "Power W"],
+                            [[g["index"], g["utilization_percent"], f"{(g['memory_used_bytes'] or 0) / 2**30:.1f}",
+                              g["temperature_c"], g["power_w"]] for g in gpus])]
+    if plan.get("explanation"):
+        lines += ["", "why: " + plan["explanation"]]
+    err = s.get("last_error")
+    if err:
+        lines += ["", f"last error: {err['error']}", f"  fix: {err['fix']}"]
+    return "\n".join(lines)
+
+
+def wait_ready(layout: ServeLayout, timeout_s: float) -> dict[str, Any]:
+    """Poll the health endpoint until the agent is ready (used by tests and scripts)."""
+    deadline = time.monotonic() + timeout_s
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            status = status_of(layout)
+            if status.get("phase") in ("ready", "failed"):
+                return status
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    return status

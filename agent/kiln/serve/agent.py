@@ -1,0 +1,219 @@
+"""The boot loop, in one place: decide, write the plan down, start the front, the router and the instances,
+supervise them, and report on the health endpoint until told to stop."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import requests
+
+from kiln import datafiles
+from kiln.choice.resolve import ResolvedChoice
+from kiln.errors import KilnError
+from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime
+from kiln.serve import metrics as prom
+from kiln.serve.apikey import ensure_api_key, write_private
+from kiln.serve.cost import hourly_price
+from kiln.serve.decide import Decision, decide
+from kiln.serve.health import HealthServer
+from kiln.serve.layout import ServeLayout
+from kiln.serve.notify import sd_notify
+from kiln.serve.processes import LocalProcesses, ProcessSpec
+from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv, nginx_config
+from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
+from kiln.serve.state import DETECTING, PLANNING, STARTING_PHASE, AgentState
+from kiln.serve.supervisor import Member, Supervisor, SupervisorSettings
+from kiln.serve.telemetry import gpu_telemetry
+from kiln.tinymodel import make_tiny_model
+from kiln.wiring import Kiln
+
+log = logging.getLogger("kiln.agent")
+METER_INTERVAL_S = 5.0
+QUEUE_FACTOR = 2  # requests in flight per instance slot: one running batch and one waiting
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    layout: ServeLayout
+    read_choice: Callable[[], ResolvedChoice]
+    machine: str | None = None  # a fixture or machine file instead of NVML (tests, `kiln up --machine`)
+    vllm_command: tuple[str, ...] = IMAGE_VLLM
+    advertised_host: str = "127.0.0.1"
+    extra_env: tuple[tuple[str, str], ...] = ()
+    supervisor: SupervisorSettings = field(default_factory=SupervisorSettings)
+    router: RouterSettings = field(default_factory=RouterSettings)
+    max_in_flight: int | None = None  # default: QUEUE_FACTOR x the instances' max_num_seqs
+    motd_file: Path | None = None
+
+
+def http_probe(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        return requests.get(url, timeout=timeout_s).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _fetch(url: str) -> str:
+    try:
+        reply = requests.get(url, timeout=2)
+        return reply.text if reply.ok else ""
+    except requests.RequestException:
+        return ""
+
+
+class Agent:
+    def __init__(self, kiln: Kiln, options: AgentOptions) -> None:
+        self.kiln = kiln
+        self.options = options
+        layout = options.layout
+        self.state = AgentState(endpoint=layout.endpoint_url(options.advertised_host), health=layout.health_url,
+                                api_key_file=str(layout.api_key_file), telemetry=lambda: gpu_telemetry(pynvml))
+        self.health = HealthServer(self.state, layout.local_host, layout.health_port, self.metrics)
+        self.supervisor: Supervisor | None = None
+        self.stopping = threading.Event()
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Serve until stop() is called; 0 when stopped cleanly, whatever happened to the model."""
+        self.health.start()
+        sd_notify("READY=1\nSTATUS=detecting the machine")
+        try:
+            self._boot()
+            while not self.stopping.wait(METER_INTERVAL_S):
+                self._meter()
+        finally:
+            sd_notify("STOPPING=1")
+            if self.supervisor:
+                self.supervisor.stop()
+            self.health.stop()
+        return 0
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _boot(self) -> None:
+        options, layout, state = self.options, self.options.layout, self.state
+        state.set_phase(DETECTING)
+        resolved = options.read_choice()
+        state.set_phase(PLANNING)
+        runtime = Runtime(vllm_command=options.vllm_command, models_dir=str(layout.models_dir),
+                          hf_home=str(layout.state_dir / "huggingface"), extra_env=options.extra_env)
+        decision = decide(self.kiln, options.machine, resolved, runtime)
+        state.choice = decision.choice_report()
+        self._report_problems(decision)
+        if decision.failure or not decision.plan:
+            what, fix = decision.failure or ("no plan", "")
+            state.fail(what, fix, fatal=True)
+            log.error("nothing to serve: %s (fix: %s)", what, fix)
+            sd_notify(f"STATUS=failed: {what}")
+            return
+        state.plan = decision.plan_report()
+        write_private(layout.plan_file, json.dumps(state.plan, indent=2) + "\n")
+        price = resolved.choice.price_per_hour
+        state.usd_per_hour = price if price is not None else (
+            hourly_price(decision.machine, datafiles.read_yaml("droplets.yaml")) if decision.machine else None)
+        try:
+            self.supervisor = self._supervisor(decision, resolved)
+        except KilnError as exc:
+            state.fail(exc.what, exc.fix, fatal=True)
+            log.error("%s (fix: %s)", exc.what, exc.fix)
+            return
+        state.supervisor = self.supervisor
+        state.set_phase(STARTING_PHASE)
+        self.supervisor.start()
+        sd_notify(f"STATUS=serving {decision.plan.profile} on {len(decision.rendered)} instance(s)")
+
+    def _report_problems(self, decision: Decision) -> None:
+        for problem in decision.problems:
+            log.warning("%s", problem.text())
+        if decision.problems:
+            first = decision.problems[0]
+            self.state.fail(": ".join(x for x in (first.source, first.field, first.what) if x), first.fix)
+
+    # -- what runs ---------------------------------------------------------------------------------------------
+    def _supervisor(self, decision: Decision, resolved: ResolvedChoice) -> Supervisor:
+        layout, options = self.options.layout, self.options
+        assert decision.plan is not None and decision.profile is not None
+        if any(c.local for c in decision.profile.checkpoints.values()) and decision.profile.cpu_only:
+            target = layout.models_dir / decision.plan.engine.model
+            if not (target / "config.json").exists():
+                log.info("making the tiny model in %s", target)
+                make_tiny_model(decision.profile, target)
+        key = ensure_api_key(layout.api_key_file, resolved.choice.api_key)
+        nginx, router = find_nginx(), find_router()
+        if not nginx:
+            raise KilnError("nginx is not installed; it fronts the public endpoint",
+                            fix="install it: apt-get install nginx-light (or nginx)")
+        if not router:
+            raise KilnError("vllm-router is not installed", fix="pip install vllm-router in kiln's environment")
+        in_flight = options.max_in_flight or QUEUE_FACTOR * decision.plan.engine.max_num_seqs * len(decision.rendered)
+        config = nginx_config(layout, ProxySettings(max_in_flight=in_flight), key)
+        for sub in ("tmp", "logs"):
+            (layout.proxy_config.parent / sub).mkdir(parents=True, exist_ok=True)
+        write_private(layout.proxy_config, config)
+        self._write_motd(key)
+        logs = layout.log_dir
+        proxy = Member(ProcessSpec("proxy", nginx_argv(nginx, layout), log_file=logs / "proxy.log"))
+        router_member = Member(ProcessSpec("router", router_argv(router, layout, options.router),
+                                           log_file=logs / "router.log"),
+                               probe_url=f"{layout.router_url}/health")
+        instances = [self._instance(r, logs) for r in decision.rendered]
+        specs = [m.spec.as_dict() for m in (proxy, router_member, *instances)]
+        write_private(layout.runtime_file, json.dumps({"processes": specs}, indent=2) + "\n")
+        return Supervisor(launcher=LocalProcesses(), routing=RouterClient(layout.router_url), probe=http_probe,
+                          settings=options.supervisor, router=router_member, others=[proxy], instances=instances)
+
+    def _instance(self, rendered: RenderedInstance, logs: Path) -> Member:
+        base = f"http://{self.options.layout.local_host}:{rendered.port}"
+        spec = ProcessSpec(rendered.name, rendered.argv, dict(rendered.env), log_file=logs / f"{rendered.name}.log")
+        return Member(spec, probe_url=f"{base}/health", route_url=base, port=rendered.port)
+
+    def _write_motd(self, key: str) -> None:
+        path = self.options.motd_file
+        if path is None:
+            return
+        text = (f"kiln: OpenAI-compatible endpoint {self.state.endpoint}/v1 (model: see `kiln status`)\n"
+                f"kiln: API key {key}  (also in {self.options.layout.api_key_file}; `kiln status` for health)\n")
+        try:
+            write_private(path, text)
+        except OSError as exc:
+            log.warning("could not write the MOTD %s: %s", path, exc)
+
+    # -- reports -----------------------------------------------------------------------------------------------
+    def _instance_metrics(self) -> dict[str, str]:
+        if not self.supervisor:
+            return {}
+        return {m.name: _fetch(f"{m.route_url}/metrics") for m in self.supervisor.ready_instances() if m.route_url}
+
+    def _meter(self) -> None:
+        texts = self._instance_metrics()
+        self.state.meter.observe(time.monotonic(), {n: prom.generation_tokens(t) for n, t in texts.items() if t})
+
+    def metrics(self) -> bytes:
+        status = self.state.status(with_telemetry=False)
+        layout = self.options.layout
+        families = prom.kiln_families(status, self.state.telemetry())
+        families += prom.parse(_fetch(f"http://{layout.local_host}:{layout.router_metrics_port}/metrics"))
+        families += prom.merge_labelled(self._instance_metrics(), "kiln_instance")
+        return prom.exposition(families)
+
+
+def configure_logging(verbose: bool = False) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def status_of(layout: ServeLayout, timeout_s: float = 3.0) -> dict[str, Any]:
+    reply = requests.get(f"{layout.health_url}/status", timeout=timeout_s)
+    reply.raise_for_status()
+    data: dict[str, Any] = reply.json()
+    return data

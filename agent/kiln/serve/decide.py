@@ -1,0 +1,95 @@
+"""The boot's decision: detect the machine, read the user's choice, pick the profile and plan, with the fallback.
+
+Never raises for bad input: every problem is reported with its fix, and the best plan that can be made is returned.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.choice.resolve import ResolvedChoice
+from kiln.choice.schema import Problem
+from kiln.choice.select import FALLBACK_PROFILE, select_profile
+from kiln.cli.views import plan_dict
+from kiln.errors import KilnError
+from kiln.hardware.model import Machine
+from kiln.planner.plan import make_plan
+from kiln.planner.types import Plan, Refusal
+from kiln.profiles.schema import Profile
+from kiln.render.vllm import RenderedInstance, Runtime, render_instances
+from kiln.wiring import Kiln
+
+# Choice fields that override the planner; without them a profile gets the planner's own settings.
+OVERRIDES = ("max_model_len", "instances", "tensor_parallel_size", "quantization", "kv_cache_dtype",
+             "speculative_decoding", "gpu_memory_utilization")
+
+
+@dataclass
+class Decision:
+    choice: ResolvedChoice
+    problems: list[Problem] = field(default_factory=list)
+    machine: Machine | None = None
+    profile: Profile | None = None
+    plan: Plan | None = None
+    rendered: list[RenderedInstance] = field(default_factory=list)
+    failure: tuple[str, str] | None = None  # what, fix: nothing can be served
+
+    def choice_report(self) -> dict[str, Any]:
+        values = json.loads(self.choice.choice.model_dump_json(exclude={"api_key"}, exclude_none=True))
+        return {"values": values, "origins": dict(self.choice.origins), "summary": self.choice.summary(),
+                "api_key_set": self.choice.choice.api_key is not None,
+                "profile": self.profile.name if self.profile else None,
+                "problems": [p.as_dict() for p in self.problems]}
+
+    def plan_report(self) -> dict[str, Any] | None:
+        if not (self.plan and self.machine):
+            return None
+        return plan_dict(self.plan, self.rendered, self.machine)
+
+
+def _refusal_problem(refusal: Refusal, profile: str, then: str) -> Problem:
+    fix = "; ".join(refusal.suggestions) or "choose a smaller profile"
+    return Problem("plan", "profile", f"{profile}: {refusal.reason}; {then}", fix)
+
+
+def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runtime: Runtime,
+           fallback: str = FALLBACK_PROFILE, detect: Callable[[str | None], Machine] | None = None) -> Decision:
+    decision = Decision(choice=resolved, problems=list(resolved.problems))
+    try:
+        decision.machine = (detect or kiln.machine)(machine_spec)
+    except KilnError as exc:
+        decision.failure = (f"hardware detection failed: {exc.what}", exc.fix or "check `kiln detect`")
+        return decision
+    catalog = kiln.catalog()
+    profile, problems = select_profile(resolved.choice, catalog, lambda path: kiln.profile(None, path), fallback)
+    decision.problems += problems
+    alternatives = sorted(kiln.fixtures(), key=lambda m: sum(g.memory_bytes for g in m.gpus))
+    bare = resolved.choice.model_copy(update={k: None for k in OVERRIDES})
+    # What the user asked for; the same profile without their overrides; the image's fallback.
+    attempts = [(profile, resolved.choice)]
+    if resolved.choice != bare:
+        attempts.append((profile, bare))
+    if profile.name != fallback:
+        attempts.append((catalog.get(fallback), bare))
+    plan: Plan | Refusal | None = None
+    for n, (candidate, choice) in enumerate(attempts):
+        profile, plan = candidate, make_plan(decision.machine, candidate, choice, kiln.constants, alternatives)
+        if isinstance(plan, Plan):
+            break
+        if n + 1 < len(attempts):
+            then = ("serving it without the overrides" if attempts[n + 1][0] is candidate
+                    else f"serving the fallback profile {fallback}")
+            decision.problems.append(_refusal_problem(plan, candidate.name, then))
+    assert plan is not None
+    decision.profile = profile
+    if isinstance(plan, Refusal):
+        decision.failure = (f"{profile.name} cannot be served on {decision.machine.name}: {plan.reason}",
+                            "; ".join(plan.suggestions) or "use a machine with a supported NVIDIA GPU")
+        return decision
+    local = any(c.local for c in profile.checkpoints.values())
+    decision.plan = plan
+    decision.rendered = render_instances(plan, runtime, local_model=local)
+    return decision

@@ -1,0 +1,57 @@
+"""Where the serving runtime listens and keeps its files. Pure values; the defaults are the documented ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PUBLIC_PORT = 8000  # the OpenAI API, vLLM's own default port
+ROUTER_PORT = 8001  # vllm-router, localhost only
+ROUTER_METRICS_PORT = 8002  # vllm-router's Prometheus exporter, localhost only
+HEALTH_PORT = 8090  # kiln's /health, /ready, /status, /metrics, localhost only
+
+
+@dataclass(frozen=True)
+class ServeLayout:
+    state_dir: Path = Path("/var/lib/kiln")
+    public_host: str = "0.0.0.0"  # the public endpoint; the image firewall opens only it and SSH
+    public_port: int = PUBLIC_PORT
+    router_port: int = ROUTER_PORT
+    router_metrics_port: int = ROUTER_METRICS_PORT
+    health_port: int = HEALTH_PORT
+    local_host: str = "127.0.0.1"
+
+    @property
+    def plan_file(self) -> Path:
+        return self.state_dir / "plan.json"
+
+    @property
+    def runtime_file(self) -> Path:
+        return self.state_dir / "runtime.json"
+
+    @property
+    def api_key_file(self) -> Path:
+        return self.state_dir / "api_key"
+
+    @property
+    def proxy_config(self) -> Path:
+        return self.state_dir / "proxy" / "nginx.conf"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.state_dir / "models"
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.local_host}:{self.router_port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://{self.local_host}:{self.health_port}"
+
+    def endpoint_url(self, advertised_host: str) -> str:
+        return f"http://{advertised_host}:{self.public_port}"

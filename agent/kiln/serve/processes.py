@@ -1,0 +1,92 @@
+"""The one adapter over child processes: start a command in its own process group, logging to a file, and stop
+the whole group. The supervisor sees only ProcessSpec and Running."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)  # added to the agent's own environment
+    log_file: Path | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "argv": list(self.argv), "env": dict(self.env),
+                "log_file": str(self.log_file) if self.log_file else None}
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if the agent dies, so a killed agent leaves no server behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class Running:
+    """A started process group."""
+
+    def __init__(self, spec: ProcessSpec, popen: subprocess.Popen[bytes]) -> None:
+        self.spec = spec
+        self.popen = popen
+        self.started = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def exit_code(self) -> int | None:
+        return self.popen.poll()
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, sig)
+
+    def terminate(self) -> None:
+        if self.popen.poll() is None:
+            self.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+            self.signal_group(signal.SIGTERM)
+
+    def finish(self, deadline: float) -> int:
+        """Wait for the exit until the deadline (monotonic), then SIGKILL the group; the exit code."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=max(deadline - time.monotonic(), 0))
+        # Children of the leader (vLLM's engine core, compilers) may outlive it.
+        self.signal_group(signal.SIGKILL)
+        return self.popen.wait()
+
+    def stop(self, grace_s: float = 20.0) -> int:
+        """SIGTERM to the group, then SIGKILL after the grace period; the exit code."""
+        self.terminate()
+        return self.finish(time.monotonic() + grace_s)
+
+
+class LocalProcesses:
+    """Starts processes directly: `kiln up`, and the agent outside systemd."""
+
+    def start(self, spec: ProcessSpec) -> Running:
+        log = subprocess.DEVNULL
+        if spec.log_file:
+            spec.log_file.parent.mkdir(parents=True, exist_ok=True)
+            log = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        try:
+            popen = subprocess.Popen(
+                list(spec.argv), env={**os.environ, **spec.env}, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509
+        finally:
+            if isinstance(log, int) and log >= 0:
+                os.close(log)
+        return Running(spec, popen)

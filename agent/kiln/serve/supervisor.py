@@ -1,0 +1,272 @@
+"""Keeps the serving processes alive and the router's worker list true.
+
+Each member is a process with an optional readiness probe. An instance joins the router once its probe passes,
+leaves it the moment its process exits or its probe fails twice, and is restarted with exponential backoff; one
+that stays unresponsive past the hang timeout is killed and restarted. The clock and the HTTP probe are passed in.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kiln.serve.processes import ProcessSpec, Running
+
+log = logging.getLogger("kiln.supervisor")
+
+STARTING, READY, UNRESPONSIVE, RESTARTING, STOPPED = "starting", "ready", "unresponsive", "restarting", "stopped"
+
+
+class Launcher(Protocol):
+    def start(self, spec: ProcessSpec) -> Running: ...
+
+
+class Routing(Protocol):
+    def add(self, url: str) -> None: ...
+    def remove(self, url: str) -> None: ...
+
+
+Probe = Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    tick_s: float = 0.5
+    probe_interval_s: float = 1.0
+    failures_to_leave: int = 2
+    start_timeout_s: float = 1800.0
+    hang_timeout_s: float = 120.0
+    backoff_first_s: float = 1.0
+    backoff_max_s: float = 60.0
+    healthy_resets_backoff_s: float = 300.0
+    stop_grace_s: float = 30.0
+
+
+@dataclass
+class Member:
+    spec: ProcessSpec
+    probe_url: str | None = None  # readiness: 200 from this URL
+    route_url: str | None = None  # an instance: the URL the router sends requests to
+    port: int | None = None
+    state: str = STOPPED
+    running: Running | None = None
+    restarts: int = 0
+    failures_in_a_row: int = 0
+    probe_failures: int = 0
+    next_start: float = 0.0
+    next_probe: float = 0.0
+    state_since: float = 0.0
+    routed: bool = False
+    last_exit: int | None = None
+    last_error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def as_dict(self, now: float) -> dict[str, object]:
+        return {"name": self.name, "port": self.port, "state": self.state,
+                "pid": self.running.pid if self.running else None,
+                "restarts": self.restarts, "routed": self.routed, "url": self.route_url,
+                "state_for_s": round(now - self.state_since, 1), "last_exit_code": self.last_exit,
+                "last_error": self.last_error, "log_file": str(self.spec.log_file) if self.spec.log_file else None}
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float  # monotonic seconds
+    member: str
+    what: str
+
+
+@dataclass
+class Supervisor:
+    launcher: Launcher
+    routing: Routing
+    probe: Probe
+    settings: SupervisorSettings = field(default_factory=SupervisorSettings)
+    clock: Callable[[], float] = time.monotonic
+    router: Member | None = None
+    others: list[Member] = field(default_factory=list)  # started first, supervised without a probe or a route
+    instances: list[Member] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kiln-probe")
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def members(self) -> list[Member]:
+        return [*self.others, *([self.router] if self.router else []), *self.instances]
+
+    def start(self) -> None:
+        now = self.clock()
+        for member in self.members():
+            self._launch(member, now)
+        self._thread = threading.Thread(target=self._loop, name="kiln-supervisor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop supervising, then every process at once: SIGTERM, and SIGKILL to what is left after the grace."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        running = [m for m in self.members() if m.running]
+        for member in running:
+            assert member.running is not None
+            member.running.terminate()
+        deadline = time.monotonic() + self.settings.stop_grace_s
+        for member in running:
+            assert member.running is not None
+            self._note(member, f"stopped (exit {member.running.finish(deadline)})")
+        for member in self.members():
+            member.state, member.routed, member.running = STOPPED, False, None
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def snapshot(self) -> list[dict[str, object]]:
+        now = self.clock()
+        with self._lock:
+            return [m.as_dict(now) for m in self.members()]
+
+    def recent_events(self, limit: int = 50) -> list[Event]:
+        with self._lock:
+            return self.events[-limit:]
+
+    def ready_instances(self) -> list[Member]:
+        with self._lock:
+            return [m for m in self.instances if m.state == READY]
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.tick_s):
+            try:
+                self.tick()
+            except Exception:  # the loop must outlive any one bad tick
+                log.exception("supervisor tick failed")
+
+    def tick(self) -> None:
+        now = self.clock()
+        for member in self.members():
+            self._check_exit(member, now)
+            if member.state == RESTARTING and now >= member.next_start and not self._stop.is_set():
+                self._launch(member, now)
+        due = [m for m in self.members() if m.probe_url and m.running and m.state != RESTARTING
+               and now >= m.next_probe]
+        results = list(self._pool.map(lambda m: self.probe(m.probe_url or ""), due))
+        now = self.clock()
+        for member, ok in zip(due, results, strict=True):
+            member.next_probe = now + self.settings.probe_interval_s
+            self._after_probe(member, ok, now)
+
+    def _check_exit(self, member: Member, now: float) -> None:
+        if not member.running or (code := member.running.exit_code()) is None:
+            return
+        member.running.stop(0)  # reap what is left of its group
+        member.running, member.last_exit = None, code
+        member.last_error = f"exited with code {code}" + (f"; see {member.spec.log_file}" if member.spec.log_file
+                                                          else "")
+        self._unroute(member)
+        self._schedule_restart(member, now, f"exited with code {code}")
+
+    def _schedule_restart(self, member: Member, now: float, why: str) -> None:
+        if now - member.state_since >= self.settings.healthy_resets_backoff_s and member.state == READY:
+            member.failures_in_a_row = 0
+        delay = min(self.settings.backoff_first_s * 2 ** member.failures_in_a_row, self.settings.backoff_max_s)
+        member.failures_in_a_row += 1
+        member.next_start = now + delay
+        self._set(member, RESTARTING, now, f"{why}; restarting in {delay:.0f} s")
+
+    def _after_probe(self, member: Member, ok: bool, now: float) -> None:
+        if ok:
+            member.probe_failures = 0
+            if member.state in (STARTING, UNRESPONSIVE):
+                self._set(member, READY, now, "serving")
+                if member is self.router:
+                    self._reroute_all()
+                else:
+                    self._route(member)
+            return
+        member.probe_failures += 1
+        if member.state == STARTING:
+            if now - member.state_since > self.settings.start_timeout_s:
+                self._kill(member, now, f"not ready after {self.settings.start_timeout_s:.0f} s")
+            return
+        if member.state == READY and member.probe_failures >= self.settings.failures_to_leave:
+            self._unroute(member)
+            self._set(member, UNRESPONSIVE, now, f"{member.probe_failures} health checks failed; out of routing")
+        elif member.state == UNRESPONSIVE and now - member.state_since > self.settings.hang_timeout_s:
+            self._kill(member, now, f"unresponsive for {self.settings.hang_timeout_s:.0f} s")
+
+    # -- actions -----------------------------------------------------------------------------------------------
+    def _launch(self, member: Member, now: float) -> None:
+        try:
+            member.running = self.launcher.start(member.spec)
+        except OSError as exc:
+            member.last_error = f"could not start {member.spec.argv[0]}: {exc}"
+            self._schedule_restart(member, now, member.last_error)
+            return
+        if member.state == RESTARTING:
+            member.restarts += 1
+        member.probe_failures, member.next_probe = 0, now
+        self._set(member, STARTING if member.probe_url else READY, now, f"started, pid {member.running.pid}")
+
+    def _kill(self, member: Member, now: float, why: str) -> None:
+        self._unroute(member)
+        member.last_error = why
+        if member.running:
+            member.running.stop(0)
+            member.last_exit = member.running.exit_code()
+            member.running = None
+        self._schedule_restart(member, now, why)
+
+    def _route(self, member: Member) -> None:
+        if member.route_url is None or member.routed or not self._router_ready():
+            return
+        try:
+            self.routing.add(member.route_url)
+            member.routed = True
+            self._note(member, "joined routing")
+        except Exception as exc:  # the router may be restarting: the next probe retries
+            member.last_error = f"router refused the worker: {exc}"
+            member.state = STARTING
+
+    def _unroute(self, member: Member) -> None:
+        if member is self.router:
+            for inst in self.instances:
+                inst.routed = False
+            return
+        if not member.routed or member.route_url is None:
+            return
+        member.routed = False
+        self._note(member, "left routing")
+        if self._router_ready():
+            try:
+                self.routing.remove(member.route_url)
+            except Exception as exc:  # the router's own health check takes it out too
+                log.warning("could not remove %s from the router: %s", member.route_url, exc)
+
+    def _reroute_all(self) -> None:
+        for inst in self.instances:
+            if inst.state == READY:
+                self._route(inst)
+
+    def _router_ready(self) -> bool:
+        return self.router is None or self.router.state == READY
+
+    def _set(self, member: Member, state: str, now: float, what: str) -> None:
+        with self._lock:
+            member.state, member.state_since = state, now
+        self._note(member, what)
+
+    def _note(self, member: Member, what: str) -> None:
+        log.info("%s: %s", member.name, what)
+        with self._lock:
+            self.events.append(Event(self.clock(), member.name, what))
+            del self.events[:-500]
