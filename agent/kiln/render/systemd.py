@@ -85,11 +85,6 @@ def instance_dropin(inst: RenderedInstance, *, profile: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def instance_unit(inst: RenderedInstance, *, profile: str) -> str:
-    """Kept for `kiln plan --systemd`: the instance's drop-in (the unit itself is the static template)."""
-    return instance_dropin(inst, profile=profile)
-
-
 def unit_files() -> dict[str, str]:
     """The static units shipped in the package's data/systemd folder: {file name: text}."""
     folder = resources.files("kiln").joinpath("data").joinpath("systemd")

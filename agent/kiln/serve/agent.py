@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import pwd
 import sys
 import threading
 import time
@@ -19,6 +21,7 @@ import requests
 from kiln import datafiles
 from kiln.choice.resolve import ResolvedChoice
 from kiln.errors import KilnError
+from kiln.render.systemd import instance_dropin
 from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime
 from kiln.serve import metrics as prom
 from kiln.serve.apikey import ensure_api_key, write_private
@@ -31,7 +34,8 @@ from kiln.serve.processes import LocalProcesses, ProcessSpec
 from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv, nginx_config
 from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
 from kiln.serve.state import DETECTING, PLANNING, STARTING_PHASE, AgentState
-from kiln.serve.supervisor import Member, Supervisor, SupervisorSettings
+from kiln.serve.supervisor import Launcher, Member, Supervisor, SupervisorSettings
+from kiln.serve.systemd_units import SystemdUnits
 from kiln.serve.telemetry import gpu_telemetry
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
@@ -53,6 +57,24 @@ class AgentOptions:
     router: RouterSettings = field(default_factory=RouterSettings)
     max_in_flight: int | None = None  # default: QUEUE_FACTOR x the instances' max_num_seqs
     motd_file: Path | None = None
+    systemd: bool = False  # start each process as its systemd unit (the image) instead of as a child
+    service_user: str = "kiln"  # with systemd: the units' User=, who must read the files the agent writes
+
+
+def _log(folder: Path | None, name: str) -> Path | None:
+    return folder / f"{name}.log" if folder else None
+
+
+def give_to_user(user: str, state_dir: Path, paths: list[Path]) -> None:
+    """Hand what the units read or write to their user; the API key file stays root's."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        log.warning("user %s does not exist; the units may not read %s", user, state_dir)
+        return
+    for path in paths:
+        for target in [path, *path.rglob("*")] if path.is_dir() else [path]:
+            os.chown(target, entry.pw_uid, entry.pw_gid)
 
 
 def http_probe(url: str, timeout_s: float = 2.0) -> bool:
@@ -161,20 +183,30 @@ class Agent:
             (layout.proxy_config.parent / sub).mkdir(parents=True, exist_ok=True)
         write_private(layout.proxy_config, config)
         self._write_motd(key)
-        logs = layout.log_dir
-        proxy = Member(ProcessSpec("proxy", nginx_argv(nginx, layout), log_file=logs / "proxy.log"))
+        logs = None if options.systemd else layout.log_dir  # under systemd, the journal
+        proxy = Member(ProcessSpec("proxy", nginx_argv(nginx, layout), log_file=_log(logs, "proxy")))
         router_member = Member(ProcessSpec("router", router_argv(router, layout, options.router),
-                                           log_file=logs / "router.log"),
+                                           log_file=_log(logs, "router")),
                                probe_url=f"{layout.router_url}/health")
         instances = [self._instance(r, logs) for r in decision.rendered]
         specs = [m.spec.as_dict() for m in (proxy, router_member, *instances)]
         write_private(layout.runtime_file, json.dumps({"processes": specs}, indent=2) + "\n")
-        return Supervisor(launcher=LocalProcesses(), routing=RouterClient(layout.router_url), probe=http_probe,
+        launcher: Launcher = LocalProcesses()
+        if options.systemd:
+            # vLLM's caches live under HOME=/var/lib/kiln (kiln-vllm@.service).
+            writable = [layout.models_dir, layout.state_dir / "huggingface", layout.state_dir / ".cache"]
+            for folder in writable:
+                folder.mkdir(parents=True, exist_ok=True)
+            give_to_user(options.service_user, layout.state_dir,
+                         [layout.runtime_file, layout.proxy_config.parent, *writable])
+            launcher = SystemdUnits({r.name: instance_dropin(r, profile=decision.plan.profile)
+                                     for r in decision.rendered})
+        return Supervisor(launcher=launcher, routing=RouterClient(layout.router_url), probe=http_probe,
                           settings=options.supervisor, router=router_member, others=[proxy], instances=instances)
 
-    def _instance(self, rendered: RenderedInstance, logs: Path) -> Member:
+    def _instance(self, rendered: RenderedInstance, logs: Path | None) -> Member:
         base = f"http://{self.options.layout.local_host}:{rendered.port}"
-        spec = ProcessSpec(rendered.name, rendered.argv, dict(rendered.env), log_file=logs / f"{rendered.name}.log")
+        spec = ProcessSpec(rendered.name, rendered.argv, dict(rendered.env), log_file=_log(logs, rendered.name))
         return Member(spec, probe_url=f"{base}/health", route_url=base, port=rendered.port)
 
     def _write_motd(self, key: str) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kiln.serve.layout import ServeLayout
 
+RETRIES = 2  # passes of a failed request back to the router, each to the next worker in its rotation
 PUBLIC_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions")
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 
@@ -39,6 +40,8 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, api_key: str) -> 
                         "server_error", "overloaded")
     not_found = _error(f"not served here; the API offers {', '.join(PUBLIC_PATHS)}", "invalid_request_error",
                        "not_found")
+    servers = "\n".join(f"        server {layout.local_host}:{layout.router_port} max_fails=0;"
+                        for _ in range(RETRIES + 1))
     return f"""\
 # kiln's public endpoint, written by the kiln agent at every start. Holds the API key: keep it 0600.
 worker_processes {settings.workers};
@@ -68,8 +71,10 @@ http {{
 
     limit_conn_zone $server_port zone=kiln_in_flight:1m;
 
+    # The router listed once per try: nginx passes a request on to the "next" server only while no byte of the
+    # answer has gone out (vllm-router answers 500 without retrying when a stream's worker died between checks).
     upstream kiln_router {{
-        server {layout.local_host}:{layout.router_port};
+{servers}
         keepalive 128;
     }}
 
@@ -99,6 +104,9 @@ http {{
             proxy_set_header Connection "";
             proxy_set_header Authorization "";
             proxy_set_header X-Request-Id $request_id;
+            proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;
+            proxy_next_upstream_tries {RETRIES + 1};
+            proxy_connect_timeout 5s;
             proxy_buffering off;
             proxy_cache off;
             proxy_read_timeout 1800s;

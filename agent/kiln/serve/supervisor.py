@@ -15,15 +15,27 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kiln.serve.processes import ProcessSpec, Running
+from kiln.serve.processes import ProcessSpec
 
 log = logging.getLogger("kiln.supervisor")
 
 STARTING, READY, UNRESPONSIVE, RESTARTING, STOPPED = "starting", "ready", "unresponsive", "restarting", "stopped"
 
 
+class Process(Protocol):
+    """A started server: a local process group (processes.Running) or a systemd unit (systemd_units.Unit)."""
+
+    @property
+    def pid(self) -> int: ...
+    def exit_code(self) -> int | None: ...
+    def signal_group(self, sig: int) -> None: ...
+    def terminate(self) -> None: ...
+    def finish(self, deadline: float) -> int: ...
+    def stop(self, grace_s: float = ...) -> int: ...
+
+
 class Launcher(Protocol):
-    def start(self, spec: ProcessSpec) -> Running: ...
+    def start(self, spec: ProcessSpec) -> Process: ...
 
 
 class Routing(Protocol):
@@ -54,7 +66,7 @@ class Member:
     route_url: str | None = None  # an instance: the URL the router sends requests to
     port: int | None = None
     state: str = STOPPED
-    running: Running | None = None
+    running: Process | None = None
     restarts: int = 0
     failures_in_a_row: int = 0
     probe_failures: int = 0

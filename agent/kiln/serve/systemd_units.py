@@ -1,0 +1,92 @@
+"""The agent's launcher on the image: each process is a systemd unit (kiln-vllm@NAME, kiln-router, kiln-proxy).
+
+systemd restarts a crashed unit quickly (Restart=on-failure); the supervisor sees a unit as exited only once
+systemd has given up (failed or inactive), and then starts it again after its own backoff. `systemctl` is the
+one command this adapter runs."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from kiln.render.systemd import instance_unit_name
+from kiln.serve.processes import ProcessSpec
+
+RUNTIME_UNIT_DIR = Path("/run/systemd/system")
+SERVICE_UNITS = {"proxy": "kiln-proxy.service", "router": "kiln-router.service"}
+
+Run = Callable[[list[str]], subprocess.CompletedProcess[str]]
+
+
+def run_systemctl(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["systemctl", *argv], capture_output=True, text=True, check=False, timeout=60)
+
+
+def unit_of(name: str) -> str:
+    return SERVICE_UNITS.get(name) or instance_unit_name(name)
+
+
+class Unit:
+    """A started unit, seen through `systemctl show`."""
+
+    def __init__(self, unit: str, run: Run) -> None:
+        self.unit = unit
+        self.run = run
+
+    def _show(self) -> dict[str, str]:
+        out = self.run(["show", self.unit, "-p", "ActiveState,MainPID,ExecMainStatus,NRestarts"]).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    @property
+    def pid(self) -> int:
+        return int(self._show().get("MainPID") or 0)
+
+    def exit_code(self) -> int | None:
+        props = self._show()
+        if props.get("ActiveState") in ("failed", "inactive"):
+            return int(props.get("ExecMainStatus") or 1)
+        return None
+
+    def signal_group(self, sig: int) -> None:
+        self.run(["kill", "--signal", str(sig), self.unit])
+
+    def terminate(self) -> None:
+        self.run(["stop", "--no-block", self.unit])
+
+    def finish(self, deadline: float) -> int:
+        while time.monotonic() < deadline and self.exit_code() is None:
+            time.sleep(0.5)
+        self.run(["kill", "--signal", "SIGKILL", self.unit])
+        return self.exit_code() or 0
+
+    def stop(self, grace_s: float = 20.0) -> int:
+        self.terminate()
+        return self.finish(time.monotonic() + grace_s)
+
+
+class SystemdUnits:
+    """Starts each process as its unit; an instance's drop-in (devices, CPUs, NUMA) is written first."""
+
+    def __init__(self, dropins: Mapping[str, str], run: Run = run_systemctl,
+                 unit_dir: Path = RUNTIME_UNIT_DIR) -> None:
+        self.dropins = dropins  # process name -> drop-in text
+        self.run = run
+        self.unit_dir = unit_dir
+        self._reloaded = False
+
+    def start(self, spec: ProcessSpec) -> Unit:
+        unit = unit_of(spec.name)
+        if spec.name in self.dropins and not self._reloaded:
+            for name, text in self.dropins.items():
+                path = self.unit_dir / f"{unit_of(name)}.d" / "50-kiln.conf"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+            self.run(["daemon-reload"])
+            self._reloaded = True
+        self.run(["reset-failed", unit])
+        result = self.run(["start", "--no-block", unit])
+        if result.returncode != 0:
+            raise OSError(f"systemctl start {unit}: {result.stderr.strip()}")
+        return Unit(unit, self.run)

@@ -1,0 +1,314 @@
+"""`kiln up` for real: two CPU vLLM instances of the tiny model behind vllm-router and the nginx front.
+
+One stack serves the whole module; the tests run in file order and the last one stops it with Ctrl-C.
+Measured times (routing exit after kill -9, restart, hang detection) are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.integration
+
+PUBLIC, HEALTH, ROUTER, ROUTER_METRICS = 18000, 18090, 18001, 18002
+PRICE_PER_HOUR = 1.57
+STARTUP_TIMEOUT_S = 480
+KILN = str(Path(sys.executable).parent / "kiln")
+
+
+@dataclass
+class Stack:
+    proc: subprocess.Popen[bytes]
+    state_dir: Path
+    log: Path
+    key: str = ""
+    measured: dict[str, float] = field(default_factory=dict)
+
+    base = f"http://127.0.0.1:{PUBLIC}"
+    health = f"http://127.0.0.1:{HEALTH}"
+    router = f"http://127.0.0.1:{ROUTER}"
+
+    def status(self) -> dict[str, Any]:
+        reply = requests.get(f"{self.health}/status", timeout=10)
+        reply.raise_for_status()
+        data: dict[str, Any] = reply.json()
+        return data
+
+    def instance(self, name: str) -> dict[str, Any]:
+        return next(i for i in self.status()["instances"] if i["name"] == name)
+
+    def routed_urls(self) -> list[str]:
+        return list(requests.get(f"{self.router}/list_workers", timeout=5).json()["urls"])
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    def wait_for(self, what: str, check: Any, timeout_s: float, every_s: float = 0.1) -> float:
+        """Seconds until check() is true."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            assert self.proc.poll() is None, f"kiln up exited:\n{self.log.read_text()[-3000:]}"
+            try:
+                if check():
+                    return time.monotonic() - start
+            except requests.RequestException:
+                pass
+            time.sleep(every_s)
+        pytest.fail(f"{what} not within {timeout_s} s:\n{self.log.read_text()[-3000:]}")
+
+
+def report(capsys: pytest.CaptureFixture[str], text: str) -> None:
+    with capsys.disabled():
+        print(f"\n  measured: {text}")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    state = tmp_path_factory.mktemp("kiln-up")
+    log = state / "kiln-up.log"
+    argv = [KILN, "up", "--state-dir", str(state), "--host", "0.0.0.0", "--port", str(PUBLIC),
+            "--health-port", str(HEALTH), "--router-port", str(ROUTER), "--router-metrics-port", str(ROUTER_METRICS),
+            "--price-per-hour", str(PRICE_PER_HOUR)]
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    s = Stack(proc, state, log)
+    try:
+        s.wait_for("phase ready", lambda: s.status()["phase"] == "ready", STARTUP_TIMEOUT_S, every_s=2)
+        s.key = (state / "api_key").read_text().strip()
+        yield s
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_completion_and_streamed_chat_through_the_public_endpoint(stack: Stack) -> None:
+    reply = requests.post(f"{stack.base}/v1/completions", headers=stack.auth(), timeout=60, json={
+        "model": "tiny-cpu", "prompt": "kiln bakes", "max_tokens": 16, "ignore_eos": True})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == 16
+
+    chunks: list[dict[str, Any]] = []
+    with requests.post(f"{stack.base}/v1/chat/completions", headers=stack.auth(), stream=True, timeout=60, json={
+            "model": "tiny-cpu", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        assert r.status_code == 200
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == b"data: [DONE]"
+    chunks = [json.loads(line.removeprefix(b"data: ")) for line in lines[:-1]]
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    # Dummy weights emit random tokens, many of which decode to no text and get no event of their own.
+    events = [c["choices"][0] for c in chunks if c["choices"]]
+    assert events[0]["delta"]["role"] == "assistant"
+    assert events[-1]["finish_reason"] == "length"
+
+    models = requests.get(f"{stack.base}/v1/models", headers=stack.auth(), timeout=10).json()
+    assert [m["id"] for m in models["data"]] == ["tiny-cpu"]
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics", "/", "/x"])
+def test_every_path_needs_the_api_key(stack: Stack, path: str) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong-key-000000000000"}, {"Authorization": stack.key}):
+        reply = requests.post(f"{stack.base}{path}", headers=headers, json={"model": "tiny-cpu"}, timeout=10)
+        assert reply.status_code == 401, (path, headers, reply.text)
+        assert reply.headers["WWW-Authenticate"].startswith("Bearer")
+        assert reply.json()["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("path", [
+    "/tokenize", "/detokenize", "/invocations", "/metrics", "/pause", "/resume", "/is_paused", "/load", "/health",
+    "/ping", "/version", "/server_info", "/reset_prefix_cache", "/sleep", "/wake_up", "/collective_rpc", "/scale",
+    "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/add_worker", "/remove_worker", "/list_workers",
+    "/flush_cache", "/get_loads", "/v1/completions/../../tokenize", "/v1/models/../../pause"])
+def test_internal_paths_are_not_served_publicly(stack: Stack, path: str) -> None:
+    for method in ("GET", "POST"):
+        reply = requests.request(method, f"{stack.base}{path}", headers=stack.auth(), json={}, timeout=10)
+        assert reply.status_code == 404, (method, path, reply.status_code, reply.text[:200])
+
+
+def test_only_the_public_endpoint_listens_beyond_localhost(stack: Stack) -> None:
+    root = psutil.Process(stack.proc.pid)
+    listening: set[tuple[str, int]] = set()
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            listening |= {(c.laddr.ip, c.laddr.port) for c in p.net_connections("inet") if c.status == "LISTEN"}
+        except psutil.NoSuchProcess:
+            continue
+    public = {addr for addr in listening if not addr[0].startswith("127.") and addr[0] != "::1"}
+    assert public == {("0.0.0.0", PUBLIC)}, listening
+    ports = {port for _, port in listening}
+    assert {PUBLIC, HEALTH, ROUTER, ROUTER_METRICS, 8100, 8101} <= ports
+
+
+def test_status_reports_the_instances_without_the_key(stack: Stack) -> None:
+    out = subprocess.run([KILN, "status", "--json", "--health", stack.health], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    assert stack.key not in out
+    status = json.loads(out)
+    assert status["phase"] == "ready"
+    assert status["endpoint"].endswith(f":{PUBLIC}")
+    assert status["health"] == stack.health
+    assert status["api_key_file"] == str(stack.state_dir / "api_key")
+    assert oct(os.stat(status["api_key_file"]).st_mode & 0o777) == "0o600"
+    assert [(i["name"], i["port"], i["state"], i["restarts"]) for i in status["instances"]] == [
+        ("vllm-0", 8100, "ready", 0), ("vllm-1", 8101, "ready", 0)]
+    assert all(psutil.pid_exists(i["pid"]) for i in status["instances"])
+    assert status["plan"]["profile"] == "tiny-cpu" and status["explanation"]
+    assert requests.get(f"{stack.health}/ready", timeout=5).status_code == 200
+
+    text = subprocess.run([KILN, "status", "--health", stack.health], capture_output=True, text=True, timeout=30,
+                          check=True).stdout
+    assert stack.key in text  # shown to the owner, read from the 0600 file, never over HTTP
+    assert "vllm-0" in text and "ready" in text
+
+
+def test_overload_beyond_the_queue_gets_429_with_retry_after(stack: Stack) -> None:
+    cap = 2 * 16 * 2  # the front admits 2 x max_num_seqs (16) x 2 instances in flight
+    body = {"model": "tiny-cpu", "prompt": "kiln", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+
+    def open_stream(_: int) -> requests.Response:
+        return requests.post(f"{stack.base}/v1/completions", headers=stack.auth(), json=body, stream=True, timeout=60)
+
+    with ThreadPoolExecutor(cap) as pool:
+        held = list(pool.map(open_stream, range(cap)))  # each returns once its headers are in: all in flight
+    try:
+        assert [r.status_code for r in held] == [200] * cap
+        extra = [open_stream(i) for i in range(8)]
+        assert [r.status_code for r in extra] == [429] * 8
+        assert all(r.headers["Retry-After"] == "2" for r in extra)
+        assert extra[0].json()["error"]["code"] == "overloaded"
+        waits = [r.elapsed.total_seconds() for r in extra]
+        assert max(waits) < 5  # refused at once, not queued behind the 1,500-token streams
+    finally:
+        for r in held:
+            r.close()
+    stack.wait_for("the front admitting again", lambda: requests.post(
+        f"{stack.base}/v1/completions", headers=stack.auth(), timeout=30,
+        json={"model": "tiny-cpu", "prompt": "kiln", "max_tokens": 2}).status_code == 200, 30, every_s=0.5)
+
+
+def _stream_until(stop: threading.Event, url: str, headers: dict[str, str], outcomes: list[str]) -> None:
+    """One client streaming requests back to back; 'before-headers' is a request that failed without a response."""
+    while not stop.is_set():
+        got_headers = False
+        try:
+            with requests.post(f"{url}/v1/chat/completions", headers=headers, stream=True, timeout=(5, 60), json={
+                    "model": "tiny-cpu", "messages": [{"role": "user", "content": "kiln"}], "max_tokens": 48,
+                    "ignore_eos": True, "stream": True}) as r:
+                got_headers = True
+                if r.status_code != 200:
+                    outcomes.append(f"before-headers: HTTP {r.status_code}")
+                    continue
+                done = any(line == b"data: [DONE]" for line in r.iter_lines())
+                outcomes.append("ok" if done else "cut-after-headers")
+        except requests.RequestException as exc:
+            outcomes.append("cut-after-headers" if got_headers else f"before-headers: {exc!r}")
+
+
+def test_kill_9_of_an_instance_under_16_streams(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    victim = stack.instance("vllm-1")
+    victim_url = "http://127.0.0.1:8101"
+    stop = threading.Event()
+    outcomes: list[str] = []
+    clients = [threading.Thread(target=_stream_until, args=(stop, stack.base, stack.auth(), outcomes))
+               for _ in range(16)]
+    for c in clients:
+        c.start()
+    time.sleep(4)
+    killed_at = time.monotonic()
+    os.kill(victim["pid"], signal.SIGKILL)
+    stack.wait_for("leaving routing", lambda: victim_url not in stack.routed_urls(), 10, every_s=0.05)
+    left = time.monotonic() - killed_at
+    stack.wait_for("a restart", lambda: stack.instance("vllm-1")["pid"] not in (None, victim["pid"]), 30)
+    restarted = time.monotonic() - killed_at
+    time.sleep(8)  # the clients go on against the one instance left
+    stop.set()
+    for c in clients:
+        c.join(timeout=90)
+    stack.wait_for("the instance back in routing",
+                   lambda: victim_url in stack.routed_urls() and stack.instance("vllm-1")["state"] == "ready",
+                   STARTUP_TIMEOUT_S, every_s=1)
+    back = time.monotonic() - killed_at
+    failed = [o for o in outcomes if o.startswith("before-headers")]
+    report(capsys, f"kill -9: out of routing after {left:.2f} s, restarted after {restarted:.2f} s, "
+                   f"back in routing {back:.0f} s after the kill; {len(outcomes)} streams: "
+                   f"{outcomes.count('ok')} complete, {outcomes.count('cut-after-headers')} cut after headers, "
+                   f"{len(failed)} failed before headers")
+    assert not failed, failed
+    assert left < 5
+    assert outcomes.count("ok") >= 16
+    assert stack.instance("vllm-1")["restarts"] == 1
+
+
+def test_metrics_report_the_rate_and_the_cost(stack: Stack) -> None:
+    stop = threading.Event()
+    outcomes: list[str] = []
+    clients = [threading.Thread(target=_stream_until, args=(stop, stack.base, stack.auth(), outcomes))
+               for _ in range(8)]
+    for c in clients:
+        c.start()
+    time.sleep(12)  # two meter samples (every 5 s) with tokens between them
+    text = requests.get(f"{stack.health}/metrics", timeout=10).text
+    stop.set()
+    for c in clients:
+        c.join(timeout=90)
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    values = {s.name: s.value for s in samples if not s.labels}
+    rate = values["kiln_output_tokens_per_second"]
+    assert rate > 0
+    cost = values["kiln_usd_per_million_output_tokens"]
+    assert cost == pytest.approx(PRICE_PER_HOUR / (rate * 3600) * 1e6, rel=0.01)
+    assert any(s.name == "kiln_phase" and s.labels == {"phase": "ready"} and s.value == 1 for s in samples)
+    assert any(s.name == "vllm:generation_tokens_total" and s.labels.get("kiln_instance") == "vllm-0" and s.value
+               for s in samples)
+    assert any(s.name.startswith("vllm_router_") for s in samples)
+
+
+def test_a_hung_instance_leaves_routing(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    victim = stack.instance("vllm-0")
+    victim_url = "http://127.0.0.1:8100"
+    os.killpg(victim["pid"], signal.SIGSTOP)
+    try:
+        left = stack.wait_for("a hung instance leaving routing", lambda: victim_url not in stack.routed_urls(), 30)
+        assert stack.instance("vllm-0")["state"] == "unresponsive"
+        reply = requests.post(f"{stack.base}/v1/completions", headers=stack.auth(), timeout=30, json={
+            "model": "tiny-cpu", "prompt": "kiln", "max_tokens": 4})
+        assert reply.status_code == 200  # served by the other instance
+        ready = requests.get(f"{stack.health}/ready", timeout=5)
+        assert ready.status_code == 200 and stack.status()["phase"] == "degraded"
+    finally:
+        os.killpg(victim["pid"], signal.SIGCONT)
+    back = stack.wait_for("the instance back", lambda: victim_url in stack.routed_urls(), 30)
+    report(capsys, f"SIGSTOP: out of routing after {left:.2f} s; after SIGCONT back in {back:.2f} s")
+    assert stack.instance("vllm-0")["restarts"] == 0
+
+
+def test_ctrl_c_stops_everything(stack: Stack) -> None:
+    processes = [psutil.Process(stack.proc.pid), *psutil.Process(stack.proc.pid).children(recursive=True)]
+    assert len(processes) >= 5  # kiln, nginx (2+), the router, two vLLM servers and their engines
+    stack.proc.send_signal(signal.SIGINT)
+    assert stack.proc.wait(timeout=60) == 0
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, [p.info if hasattr(p, "info") else p.pid for p in alive]
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{stack.health}/health", timeout=2)

@@ -1,0 +1,154 @@
+"""The serving runtime's parts: API key file, nginx front (checked by nginx itself), cost, metrics, decisions."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kiln import datafiles
+from kiln.choice.resolve import ResolvedChoice
+from kiln.choice.schema import Choice
+from kiln.render.vllm import Runtime
+from kiln.serve import metrics as prom
+from kiln.serve.apikey import ensure_api_key
+from kiln.serve.cost import TokenMeter, hourly_price, usd_per_million_tokens
+from kiln.serve.decide import Decision, decide
+from kiln.serve.layout import ServeLayout
+from kiln.serve.processes import ProcessSpec
+from kiln.serve.proxy import PUBLIC_PATHS, ProxySettings, nginx_argv, nginx_config
+from kiln.serve.router import RouterSettings, router_argv
+from kiln.serve.state import AgentState
+from kiln.serve.systemd_units import SystemdUnits, Unit
+from kiln.wiring import Kiln
+
+
+def test_api_key_is_generated_once_kept_private_and_overridable(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "api_key"
+    key = ensure_api_key(path, None)
+    assert key.startswith("kiln-") and len(key) > 40
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ensure_api_key(path, None) == key  # the next boot keeps it
+    assert ensure_api_key(path, "user-chosen-key-0123456789") == "user-chosen-key-0123456789"
+    assert path.read_text().strip() == "user-chosen-key-0123456789"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_nginx_accepts_the_rendered_front(tmp_path: Path) -> None:
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        pytest.skip("nginx is not installed (ci/setup.sh installs it)")
+    layout = ServeLayout(state_dir=tmp_path)
+    config = nginx_config(layout, ProxySettings(max_in_flight=64), "kiln-Abc_def-0123456789")
+    (layout.proxy_config.parent / "tmp").mkdir(parents=True)
+    layout.proxy_config.write_text(config)
+    argv = [*nginx_argv(nginx, layout)[:-2], "-t"]
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert '"Bearer kiln-Abc_def-0123456789" 1;' in config
+    assert "limit_conn kiln_in_flight 64;" in config
+    assert all(p.removeprefix("/v1/") in config for p in PUBLIC_PATHS)
+
+
+@pytest.mark.parametrize("key", ["", "has space", "quote'd", "semi;colon", "dollar$var", "brace{"])
+def test_keys_nginx_cannot_hold_literally_are_refused(key: str) -> None:
+    with pytest.raises(ValueError):
+        nginx_config(ServeLayout(), ProxySettings(max_in_flight=8), key)
+
+
+def test_router_listens_on_localhost_with_a_short_health_check() -> None:
+    argv = router_argv("vllm-router", ServeLayout(), RouterSettings())
+    pairs = dict(zip(argv[1::2], argv[2::2], strict=False))
+    assert pairs["--host"] == "127.0.0.1" and pairs["--prometheus-host"] == "127.0.0.1"
+    assert int(pairs["--health-check-interval-secs"]) <= 5
+    assert "--worker-urls" not in argv
+
+
+def test_cost_per_million_tokens() -> None:
+    # $23.92/h at 2,000 tokens/s: 7.2 M tokens an hour -> $3.3222 per million.
+    assert usd_per_million_tokens(23.92, 2000) == pytest.approx(3.32222, rel=1e-5)
+    assert usd_per_million_tokens(1.57, 0) is None
+
+
+def test_hourly_price_comes_from_the_droplet_sizes(kiln: Kiln) -> None:
+    droplets = datafiles.read_yaml("droplets.yaml")
+    assert hourly_price(kiln.machine("h100x8"), droplets) == 23.92
+    assert hourly_price(kiln.machine("l40s"), droplets) == 1.57
+    assert hourly_price(kiln.machine("cpu-only"), droplets) is None
+
+
+def test_token_meter_rate_survives_an_instance_restart() -> None:
+    meter = TokenMeter(window_s=60)
+    meter.observe(0, {"a": 1000, "b": 500})  # baselines: tokens from before the agent looked
+    meter.observe(10, {"a": 1500, "b": 1000})
+    assert meter.tokens_per_s() == pytest.approx(100)
+    meter.observe(20, {"a": 2000, "b": 200})  # b restarted: its counter began again
+    assert meter.tokens_per_s() == pytest.approx((1000 + 700) / 20)
+
+
+def test_instance_metrics_merge_into_one_valid_exposition() -> None:
+    one = ('# HELP vllm:generation_tokens_total Generated tokens.\n# TYPE vllm:generation_tokens_total counter\n'
+           'vllm:generation_tokens_total{engine="0",model_name="m"} 40.0\n')
+    two = one.replace("40.0", "2.0")
+    assert prom.generation_tokens(one) == 40
+    families = prom.merge_labelled({"vllm-0": one, "vllm-1": two}, "kiln_instance")
+    state = AgentState(endpoint="http://h:8000", health="http://127.0.0.1:8090", api_key_file="/k")
+    families += prom.kiln_families(state.status(with_telemetry=False), [
+        {"index": 0, "utilization_percent": 87, "memory_used_bytes": 2**30, "temperature_c": 61, "power_w": 512.5}])
+    text = prom.exposition(families).decode()
+    parsed = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name != "vllm:generation_tokens_total"}
+    tokens = [s for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name == "vllm:generation_tokens_total"]
+    assert sorted((s.labels["kiln_instance"], s.value) for s in tokens) == [("vllm-0", 40), ("vllm-1", 2)]
+    assert text.count("# TYPE vllm:generation_tokens_total counter") == 1
+    assert parsed["kiln_gpu_power_watts"].value == 512.5
+    assert parsed["kiln_phase"].labels == {"phase": "detecting"}
+
+
+def _decide(kiln: Kiln, machine: str, **choice: object) -> Decision:
+    resolved = ResolvedChoice(Choice.model_validate(choice), dict.fromkeys(choice, "user-data"))
+    return decide(kiln, machine, resolved, Runtime())
+
+
+def test_a_model_too_large_falls_back_with_the_reason(kiln: Kiln) -> None:
+    d = _decide(kiln, "h100x1", profile="llama-3.3-70b-instruct")
+    assert d.plan is not None and d.plan.profile == "qwen3-8b"
+    [problem] = d.problems
+    assert "does not fit" in problem.what and "fallback" in problem.what and "h200x1" in problem.fix
+
+
+def test_a_bad_override_is_dropped_before_the_profile_is(kiln: Kiln) -> None:
+    d = _decide(kiln, "h100x8", profile="llama-3.1-8b-instruct", tensor_parallel_size=3)
+    assert d.plan is not None and d.plan.profile == "llama-3.1-8b-instruct"
+    assert "without the overrides" in d.problems[0].what
+
+
+def test_nothing_to_serve_is_a_failure_with_a_fix_not_an_exception(kiln: Kiln) -> None:
+    d = _decide(kiln, "cpu-only", profile="llama-3.3-70b-instruct")
+    assert d.plan is None and d.failure is not None
+    report = d.choice_report()
+    assert report["profile"] == "qwen3-8b" and len(report["problems"]) == 1
+
+
+def test_systemd_launcher_starts_units_with_their_dropins(tmp_path: Path) -> None:
+    calls: list[list[str]] = []
+
+    def systemctl(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        out = "ActiveState=failed\nMainPID=0\nExecMainStatus=137\nNRestarts=5\n" if argv[0] == "show" else ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    launcher = SystemdUnits({"vllm-0": "[Service]\nCPUAffinity=0-7\n"}, run=systemctl, unit_dir=tmp_path)
+    unit = launcher.start(ProcessSpec("vllm-0", ("vllm",)))
+    router = launcher.start(ProcessSpec("router", ("vllm-router",)))
+    assert isinstance(unit, Unit) and unit.unit == "kiln-vllm@vllm-0.service"
+    assert (tmp_path / "kiln-vllm@vllm-0.service.d" / "50-kiln.conf").read_text().endswith("CPUAffinity=0-7\n")
+    assert calls[:3] == [["daemon-reload"], ["reset-failed", "kiln-vllm@vllm-0.service"],
+                         ["start", "--no-block", "kiln-vllm@vllm-0.service"]]
+    assert ["start", "--no-block", "kiln-router.service"] in calls
+    assert router.exit_code() == 137  # systemd gave up on it: the supervisor's backoff takes over

@@ -1,0 +1,157 @@
+"""The supervisor against real processes: Python's http.server, whose /health is a file in the folder it serves.
+
+The router is the one stand-in: a list of the worker URLs it was told to add and remove."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kiln.serve.agent import http_probe
+from kiln.serve.processes import LocalProcesses, ProcessSpec
+from kiln.serve.supervisor import READY, RESTARTING, UNRESPONSIVE, Member, Supervisor, SupervisorSettings
+
+
+class RecordedRouting:
+    def __init__(self) -> None:
+        self.workers: list[str] = []
+        self.calls: list[tuple[str, str]] = []
+
+    def add(self, url: str) -> None:
+        self.calls.append(("add", url))
+        self.workers.append(url)
+
+    def remove(self, url: str) -> None:
+        self.calls.append(("remove", url))
+        self.workers.remove(url)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server(tmp_path: Path, name: str) -> Member:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "health").write_text("ok")
+    port = free_port()
+    spec = ProcessSpec(name, (sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                              "--directory", str(folder)), log_file=tmp_path / f"{name}.log")
+    url = f"http://127.0.0.1:{port}"
+    return Member(spec, probe_url=f"{url}/health", route_url=url, port=port)
+
+
+FAST = SupervisorSettings(tick_s=0.1, probe_interval_s=0.2, failures_to_leave=2, hang_timeout_s=60,
+                          backoff_first_s=0.2, stop_grace_s=5)
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float = 15) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if check():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture
+def supervised(tmp_path: Path) -> Iterator[tuple[Supervisor, RecordedRouting]]:
+    routing = RecordedRouting()
+    sup = Supervisor(launcher=LocalProcesses(), routing=routing, probe=lambda url: http_probe(url, 0.5),
+                     settings=FAST, instances=[server(tmp_path, "a"), server(tmp_path, "b")])
+    sup.start()
+    yield sup, routing
+    sup.stop()
+
+
+def test_instances_join_routing_once_they_serve(supervised: tuple[Supervisor, RecordedRouting]) -> None:
+    sup, routing = supervised
+    wait_until(lambda: len(routing.workers) == 2)
+    assert all(m.state == READY and m.routed for m in sup.instances)
+
+
+def test_a_killed_instance_leaves_routing_and_comes_back(supervised: tuple[Supervisor, RecordedRouting]) -> None:
+    sup, routing = supervised
+    wait_until(lambda: len(routing.workers) == 2)
+    victim = sup.instances[1]
+    assert victim.running is not None
+    os.kill(victim.running.pid, signal.SIGKILL)
+    left = wait_until(lambda: victim.route_url not in routing.workers)
+    assert left < 1.0
+    wait_until(lambda: victim.route_url in routing.workers)
+    assert victim.restarts == 1 and victim.last_exit == -signal.SIGKILL
+    assert [c for c in routing.calls if c[1] == victim.route_url] == [
+        ("add", victim.route_url), ("remove", victim.route_url), ("add", victim.route_url)]
+
+
+def test_a_hung_instance_leaves_routing_then_returns(supervised: tuple[Supervisor, RecordedRouting]) -> None:
+    sup, routing = supervised
+    wait_until(lambda: len(routing.workers) == 2)
+    victim = sup.instances[0]
+    assert victim.running is not None
+    victim.running.signal_group(signal.SIGSTOP)
+    try:
+        wait_until(lambda: victim.state == UNRESPONSIVE)
+        assert victim.route_url not in routing.workers
+    finally:
+        victim.running.signal_group(signal.SIGCONT)
+    wait_until(lambda: victim.state == READY and victim.route_url in routing.workers)
+    assert victim.restarts == 0
+
+
+def test_an_instance_hung_past_the_timeout_is_killed_and_restarted(tmp_path: Path) -> None:
+    routing = RecordedRouting()
+    member = server(tmp_path, "a")
+    settings = SupervisorSettings(tick_s=0.1, probe_interval_s=0.2, hang_timeout_s=1.0, backoff_first_s=0.2,
+                                  stop_grace_s=5)
+    sup = Supervisor(launcher=LocalProcesses(), routing=routing, probe=lambda url: http_probe(url, 0.3),
+                     settings=settings, instances=[member])
+    sup.start()
+    try:
+        wait_until(lambda: member.state == READY)
+        assert member.running is not None
+        first = member.running.pid
+        member.running.signal_group(signal.SIGSTOP)
+        wait_until(lambda: member.restarts == 1 and member.state == READY)
+        assert member.running.pid != first and not psutil.pid_exists(first)
+        assert "unresponsive" in (member.last_error or "")
+    finally:
+        sup.stop()
+
+
+def test_a_command_that_cannot_start_backs_off_and_says_why(tmp_path: Path) -> None:
+    routing = RecordedRouting()
+    broken = Member(ProcessSpec("broken", (str(tmp_path / "no-such-server"),)), probe_url="http://127.0.0.1:9/")
+    sup = Supervisor(launcher=LocalProcesses(), routing=routing, probe=http_probe, settings=FAST, instances=[broken])
+    sup.start()
+    try:
+        wait_until(lambda: broken.failures_in_a_row >= 3)
+        assert broken.state == RESTARTING and "could not start" in (broken.last_error or "")
+        starts = [e.at for e in sup.recent_events() if "restarting in" in e.what]
+        assert starts[2] - starts[1] > starts[1] - starts[0]  # exponential backoff
+    finally:
+        sup.stop()
+
+
+def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
+    routing = RecordedRouting()
+    members = [server(tmp_path, "a"), server(tmp_path, "b")]
+    sup = Supervisor(launcher=LocalProcesses(), routing=routing, probe=http_probe, settings=FAST, instances=members)
+    sup.start()
+    wait_until(lambda: len(routing.workers) == 2)
+    pids = [m.running.pid for m in members if m.running]
+    assert members[0].running is not None
+    members[0].running.signal_group(signal.SIGSTOP)  # a stopped one too
+    sup.stop()
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    assert all(m.state == "stopped" for m in members)
