@@ -22,6 +22,7 @@ from kiln.errors import KilnError, NotFoundError
 from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM
 from kiln.serve.agent import Agent, AgentOptions, configure_logging, status_of
 from kiln.serve.layout import HEALTH_PORT, PUBLIC_PORT, ROUTER_METRICS_PORT, ROUTER_PORT, ServeLayout
+from kiln.serve.router import ROUTER_POLICIES, RouterSettings
 from kiln.wiring import Kiln
 
 EXIT_UNAVAILABLE = 2
@@ -34,6 +35,8 @@ def _add_ports(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router-port", type=int, default=ROUTER_PORT, help="vllm-router (localhost)")
     p.add_argument("--router-metrics-port", type=int, default=ROUTER_METRICS_PORT)
     p.add_argument("--machine", help="plan for a fixture or machine file instead of this machine's GPUs")
+    p.add_argument("--router-policy", choices=ROUTER_POLICIES, default=RouterSettings.policy,
+                   help="how vllm-router spreads requests over the instances")
 
 
 def add_parsers(sub: Any) -> None:
@@ -97,7 +100,8 @@ def cmd_agent(kiln: Kiln, args: argparse.Namespace) -> int:
     layout = _layout(args, ServeLayout().state_dir, args.public_host)
     options = AgentOptions(layout=layout, read_choice=lambda: resolve_choice(SourceReader(root=args.root).read()),
                            machine=args.machine, vllm_command=IMAGE_VLLM, advertised_host=_primary_address(),
-                           motd_file=args.motd, systemd=_use_systemd(args.launcher))
+                           motd_file=args.motd, systemd=_use_systemd(args.launcher),
+                           router=RouterSettings(policy=args.router_policy))
     return _serve(Agent(kiln, options))
 
 
@@ -131,7 +135,8 @@ def cmd_up(kiln: Kiln, args: argparse.Namespace) -> int:
     origins = {k: "command line" for k in choice.model_dump(exclude_none=True)}
     options = AgentOptions(layout=layout, read_choice=lambda: ResolvedChoice(choice, origins),
                            machine=args.machine, vllm_command=(sys.executable, *MODULE_VLLM),
-                           advertised_host=args.host if args.host != "0.0.0.0" else _primary_address())
+                           advertised_host=args.host if args.host != "0.0.0.0" else _primary_address(),
+                           router=RouterSettings(policy=args.router_policy))
     agent = Agent(kiln, options)
     print(f"kiln up: {args.profile} on this machine; state in {layout.state_dir}")
     print(f"  endpoint  {agent.state.endpoint}/v1   (OpenAI API; key: {layout.api_key_file})")

@@ -12,6 +12,7 @@ import requests
 from kiln.serve.layout import ServeLayout
 
 ROUTER_BINARY = "vllm-router"
+ROUTER_POLICIES = ("round_robin", "cache_aware", "power_of_two", "consistent_hash", "random")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,124 @@
+"""Serving stacks and vLLM's benchmark client, shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import requests
+from vllm.benchmarks.serve import add_cli_args
+from vllm.benchmarks.serve import main as run_vllm_bench
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+from kiln.serve.apikey import generate_api_key, write_private
+from kiln.serve.layout import ServeLayout
+from kiln.serve.processes import LocalProcesses, ProcessSpec
+from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv, nginx_config
+from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
+from kiln.serve.supervisor import Member, Supervisor, SupervisorSettings
+
+REPO = Path(__file__).resolve().parents[1]
+LAYOUT_PORTS = {"public_port": 19000, "router_port": 19001, "router_metrics_port": 19002, "health_port": 19090}
+FAKE_PORTS = (19100, 19101)
+
+
+def wait_http(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(url, headers=headers, timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise SystemExit(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+@contextlib.contextmanager
+def fake_stack(state: Path) -> Iterator[tuple[str, str, str]]:
+    """Two fake backends behind kiln's front and router: (public URL, direct URL, key)."""
+    layout = ServeLayout(state_dir=state, public_host="127.0.0.1", **LAYOUT_PORTS)
+    nginx, router = find_nginx(), find_router()
+    if not nginx or not router:
+        raise SystemExit("needs nginx and vllm-router: run ci/setup.sh")
+    key = generate_api_key()
+    (layout.proxy_config.parent / "tmp").mkdir(parents=True)
+    write_private(layout.proxy_config, nginx_config(layout, ProxySettings(max_in_flight=4096), key))
+    backends = [Member(ProcessSpec(f"fake-{port}", (sys.executable, "-m", "benchmarks.fake_openai", "--port",
+                                                     str(port), "--model", "tiny-cpu"), {"PYTHONPATH": str(REPO)},
+                                   state / f"fake-{port}.log"),
+                       probe_url=f"http://127.0.0.1:{port}/health", route_url=f"http://127.0.0.1:{port}", port=port)
+                for port in FAKE_PORTS]
+    proxy = Member(ProcessSpec("proxy", nginx_argv(nginx, layout), log_file=state / "proxy.log"))
+    router_member = Member(ProcessSpec("router", router_argv(router, layout, RouterSettings()),
+                                       log_file=state / "router.log"), probe_url=f"{layout.router_url}/health")
+    supervisor = Supervisor(LocalProcesses(), RouterClient(layout.router_url), _probe,
+                            SupervisorSettings(stop_grace_s=5), router=router_member, others=[proxy],
+                            instances=backends)
+    supervisor.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(supervisor.ready_instances()) < len(backends) or not all(b.routed for b in backends):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the fake stack did not come up; logs in {state}")
+            time.sleep(0.2)
+        public = f"http://127.0.0.1:{layout.public_port}"
+        wait_http(f"{public}/v1/models", 30, {"Authorization": f"Bearer {key}"})
+        yield public, backends[0].route_url or "", key
+    finally:
+        supervisor.stop()
+
+
+def _probe(url: str) -> bool:
+    with contextlib.suppress(requests.RequestException):
+        return requests.get(url, timeout=2).status_code == 200
+    return False
+
+
+@contextlib.contextmanager
+def vllm_stack(state: Path, policy: str = RouterSettings.policy, instances: int = 2) -> Iterator[tuple[str, str, str]]:
+    """`kiln up` with tiny CPU instances: (public URL, direct URL of the first instance, key)."""
+    ports = LAYOUT_PORTS
+    argv = [str(Path(sys.executable).parent / "kiln"), "up", "--state-dir", str(state), "--router-policy", policy,
+            "--instances", str(instances),
+            "--port", str(ports["public_port"]), "--health-port", str(ports["health_port"]),
+            "--router-port", str(ports["router_port"]), "--router-metrics-port", str(ports["router_metrics_port"])]
+    with (state / "kiln-up.log").open("w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        print(f"starting kiln up ({instances} vLLM CPU instance(s), about 80 s)...", flush=True)
+        deadline = time.monotonic() + 600
+        while True:
+            with contextlib.suppress(requests.RequestException):
+                status = requests.get(f"http://127.0.0.1:{ports['health_port']}/status", timeout=2).json()
+                if status["phase"] == "ready":
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"kiln up did not become ready; see {state / 'kiln-up.log'}")
+            time.sleep(2)
+        key = (state / "api_key").read_text().strip()
+        direct = f"http://127.0.0.1:{status['instances'][0]['port']}"
+        yield f"http://127.0.0.1:{ports['public_port']}", direct, key
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=90)
+
+
+def bench(base_url: str, key: str, tokenizer: Path, workload: list[str]) -> dict[str, Any]:
+    """One run of vLLM's benchmark client (streaming completions); its console report is kept out of ours."""
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    bench_args = parser.parse_args([
+        "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions", "--model", "tiny-cpu",
+        "--tokenizer", str(tokenizer), "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,e2el",
+        "--metric-percentiles", "50,99", "--ready-check-timeout-sec", "0", *workload])
+    os.environ["OPENAI_API_KEY"] = key
+    with contextlib.redirect_stdout(io.StringIO()):
+        result: dict[str, Any] = run_vllm_bench(bench_args)
+    return result
