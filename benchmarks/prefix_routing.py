@@ -16,7 +16,7 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.stacks import REPO, bench, vllm_stack
+from benchmarks.stacks import PORTS, REPO, bench, vllm_stack
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 
@@ -55,7 +55,7 @@ def main() -> None:
         for policy in POLICIES:
             (root / policy).mkdir()
             with vllm_stack(root / policy, policy) as (public, _direct, key):
-                health = "http://127.0.0.1:19090"
+                health = f"http://127.0.0.1:{PORTS.health}"
                 hits0, queries0 = prefix_cache_counters(health)
                 result = bench(public, key, tokenizer, workload)
                 hits1, queries1 = prefix_cache_counters(health)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,6 +16,7 @@ from vllm.benchmarks.serve import add_cli_args
 from vllm.benchmarks.serve import main as run_vllm_bench
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+from kiln.bench.setups import Ports, kiln_up
 from kiln.serve.apikey import generate_api_key, write_private
 from kiln.serve.layout import ServeLayout
 from kiln.serve.processes import LocalProcesses, ProcessSpec
@@ -26,7 +25,9 @@ from kiln.serve.router import RouterClient, RouterSettings, find_router, router_
 from kiln.serve.supervisor import Member, Supervisor, SupervisorSettings
 
 REPO = Path(__file__).resolve().parents[1]
-LAYOUT_PORTS = {"public_port": 19000, "router_port": 19001, "router_metrics_port": 19002, "health_port": 19090}
+PORTS = Ports()
+LAYOUT_PORTS = {"public_port": PORTS.public, "router_port": PORTS.router, "router_metrics_port": PORTS.router_metrics,
+                "health_port": PORTS.health}
 FAKE_PORTS = (19100, 19101)
 
 
@@ -84,30 +85,9 @@ def _probe(url: str) -> bool:
 @contextlib.contextmanager
 def vllm_stack(state: Path, policy: str = RouterSettings.policy, instances: int = 2) -> Iterator[tuple[str, str, str]]:
     """`kiln up` with tiny CPU instances: (public URL, direct URL of the first instance, key)."""
-    ports = LAYOUT_PORTS
-    argv = [str(Path(sys.executable).parent / "kiln"), "up", "--state-dir", str(state), "--router-policy", policy,
-            "--instances", str(instances),
-            "--port", str(ports["public_port"]), "--health-port", str(ports["health_port"]),
-            "--router-port", str(ports["router_port"]), "--router-metrics-port", str(ports["router_metrics_port"])]
-    with (state / "kiln-up.log").open("w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        print(f"starting kiln up ({instances} vLLM CPU instance(s), about 80 s)...", flush=True)
-        deadline = time.monotonic() + 600
-        while True:
-            with contextlib.suppress(requests.RequestException):
-                status = requests.get(f"http://127.0.0.1:{ports['health_port']}/status", timeout=2).json()
-                if status["phase"] == "ready":
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"kiln up did not become ready; see {state / 'kiln-up.log'}")
-            time.sleep(2)
-        key = (state / "api_key").read_text().strip()
-        direct = f"http://127.0.0.1:{status['instances'][0]['port']}"
-        yield f"http://127.0.0.1:{ports['public_port']}", direct, key
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=90)
+    print(f"starting kiln up ({instances} vLLM CPU instance(s), about 80 s)...", flush=True)
+    with kiln_up(state, "tiny-cpu", PORTS, instances, policy) as running:
+        yield running.url, running.direct, running.api_key or ""
 
 
 def bench(base_url: str, key: str, tokenizer: Path, workload: list[str]) -> dict[str, Any]:

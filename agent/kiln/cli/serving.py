@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,11 @@ from kiln.choice.schema import Choice
 from kiln.choice.sources import SourceReader
 from kiln.cli.output import print_json, table
 from kiln.errors import KilnError, NotFoundError
-from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM
+from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, find_vllm_python
 from kiln.serve.agent import Agent, AgentOptions, configure_logging, status_of
 from kiln.serve.layout import HEALTH_PORT, PUBLIC_PORT, ROUTER_METRICS_PORT, ROUTER_PORT, ServeLayout
 from kiln.serve.router import ROUTER_POLICIES, RouterSettings
+from kiln.serve.selfcheck import SelfCheckSettings
 from kiln.wiring import Kiln
 
 EXIT_UNAVAILABLE = 2
@@ -62,6 +62,7 @@ def add_parsers(sub: Any) -> None:
     up.add_argument("--host", default="127.0.0.1", help="address the public endpoint binds (default: localhost)")
     up.add_argument("--api-key", help="the endpoint's key (default: generated and kept in the state folder)")
     up.add_argument("--price-per-hour", type=float, help="USD per hour, for the cost per million tokens")
+    up.add_argument("--no-self-check", action="store_true", help="skip the short load test once the instances serve")
     up.add_argument("-v", "--verbose", action="store_true")
 
     status = sub.add_parser("status", help="what the agent serves, its health, and where the API key is")
@@ -134,9 +135,10 @@ def cmd_up(kiln: Kiln, args: argparse.Namespace) -> int:
                     price_per_hour=args.price_per_hour)
     origins = {k: "command line" for k in choice.model_dump(exclude_none=True)}
     options = AgentOptions(layout=layout, read_choice=lambda: ResolvedChoice(choice, origins),
-                           machine=args.machine, vllm_command=(sys.executable, *MODULE_VLLM),
+                           machine=args.machine, vllm_command=(find_vllm_python(), *MODULE_VLLM),
                            advertised_host=args.host if args.host != "0.0.0.0" else _primary_address(),
-                           router=RouterSettings(policy=args.router_policy))
+                           router=RouterSettings(policy=args.router_policy),
+                           self_check=None if args.no_self_check else SelfCheckSettings())
     agent = Agent(kiln, options)
     print(f"kiln up: {args.profile} on this machine; state in {layout.state_dir}")
     print(f"  endpoint  {agent.state.endpoint}/v1   (OpenAI API; key: {layout.api_key_file})")

@@ -11,7 +11,8 @@ from kiln.profiles.schema import Profile
 
 def make_cpu_plan(machine: Machine, profile: Profile, choice: Choice, c: Constants) -> Plan | Refusal:
     cores = machine.host.cpu_count
-    instances = choice.instances or min(c.get("cpu", "default_instances"), cores)
+    instances = choice.instances or max(1, min(c.get("cpu", "default_instances"),
+                                               cores // c.get("cpu", "min_cores_per_instance")))
     if instances > cores:
         return Refusal(f"{instances} CPU instances need at least {instances} cores; this machine has {cores}",
                        (f"ask for at most {cores} instances",))

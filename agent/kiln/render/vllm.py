@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from kiln.planner.types import InstancePlan, Plan
 
 IMAGE_VLLM = ("/opt/kiln/vllm/bin/vllm", "serve")
+IMAGE_VLLM_PYTHON = "/opt/kiln/vllm/bin/python"
 MODULE_VLLM = ("-m", "vllm.entrypoints.openai.api_server")
 LOCAL_MODEL_ENV = {"HF_HUB_OFFLINE": "1"}  # a model made on the machine never needs the Hub
+
+
+def find_vllm_python() -> str:
+    """This Python when it can import vLLM (a source checkout, a laptop), else the image's vLLM virtualenv."""
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    return IMAGE_VLLM_PYTHON
+
+
+def vllm_python(vllm_command: tuple[str, ...]) -> str:
+    """The Python of a vLLM launcher: `python -m vllm...`, or the `vllm` script's virtualenv."""
+    if len(vllm_command) > 1 and vllm_command[1] == "-m":
+        return vllm_command[0]
+    return str(PurePosixPath(vllm_command[0]).parent / "python")
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ import pynvml
 import requests
 
 from kiln import datafiles
+from kiln.bench.client import Target, VllmBench
 from kiln.choice.resolve import ResolvedChoice
 from kiln.errors import KilnError
 from kiln.render.systemd import instance_dropin
-from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime
+from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime, vllm_python
 from kiln.serve import metrics as prom
 from kiln.serve.apikey import ensure_api_key, write_private
 from kiln.serve.cost import hourly_price
@@ -33,6 +34,7 @@ from kiln.serve.notify import sd_notify
 from kiln.serve.processes import LocalProcesses, ProcessSpec
 from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv, nginx_config
 from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
+from kiln.serve.selfcheck import SelfCheckSettings, self_check_result
 from kiln.serve.state import DETECTING, PLANNING, STARTING_PHASE, AgentState
 from kiln.serve.supervisor import Launcher, Member, Supervisor, SupervisorSettings
 from kiln.serve.systemd_units import SystemdUnits
@@ -57,6 +59,7 @@ class AgentOptions:
     router: RouterSettings = field(default_factory=RouterSettings)
     max_in_flight: int | None = None  # default: QUEUE_FACTOR x the instances' max_num_seqs
     motd_file: Path | None = None
+    self_check: SelfCheckSettings | None = field(default_factory=SelfCheckSettings)
     systemd: bool = False  # start each process as its systemd unit (the image) instead of as a child
     service_user: str = "kiln"  # with systemd: the units' User=, who must read the files the agent writes
 
@@ -101,7 +104,9 @@ class Agent:
                                 api_key_file=str(layout.api_key_file), telemetry=lambda: gpu_telemetry(pynvml))
         self.health = HealthServer(self.state, layout.local_host, layout.health_port, self.metrics)
         self.supervisor: Supervisor | None = None
+        self.decision: Decision | None = None
         self.stopping = threading.Event()
+        self._self_check: threading.Thread | None = None
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -112,6 +117,7 @@ class Agent:
             self._boot()
             while not self.stopping.wait(METER_INTERVAL_S):
                 self._meter()
+                self._start_self_check()
         finally:
             sd_notify("STOPPING=1")
             if self.supervisor:
@@ -138,6 +144,7 @@ class Agent:
             log.error("nothing to serve: %s (fix: %s)", what, fix)
             sd_notify(f"STATUS=failed: {what}")
             return
+        self.decision = decision
         state.plan = decision.plan_report()
         write_private(layout.plan_file, json.dumps(state.plan, indent=2) + "\n")
         price = resolved.choice.price_per_hour
@@ -219,6 +226,32 @@ class Agent:
             write_private(path, text)
         except OSError as exc:
             log.warning("could not write the MOTD %s: %s", path, exc)
+
+    # -- the self-check ----------------------------------------------------------------------------------------
+    def _start_self_check(self) -> None:
+        """Once, when every instance first serves."""
+        sup, settings = self.supervisor, self.options.self_check
+        if self._self_check or not sup or not settings or len(sup.ready_instances()) < len(sup.instances):
+            return
+        self.state.self_check = {"state": "running"}
+        self._self_check = threading.Thread(target=self._run_self_check, args=(settings,), name="kiln-self-check",
+                                            daemon=True)
+        self._self_check.start()
+
+    def _run_self_check(self, settings: SelfCheckSettings) -> None:
+        decision = self.decision
+        assert decision is not None and decision.plan is not None and self.state.plan is not None
+        first = decision.rendered[0]
+        target = Target(self.options.layout.router_url, decision.plan.engine.served_model_names[0],
+                        first.argv[first.argv.index("--model") + 1])
+        client = VllmBench(vllm_python(self.options.vllm_command), self.options.layout.state_dir / "self-check.log")
+        try:
+            raw = client.run(target, settings.spec().workload(settings.concurrency), dict(first.env))
+            result = self_check_result(raw, self.state.plan, decision.plan.engine.device, settings)
+        except (KilnError, OSError) as exc:
+            result = {"state": "failed", "degraded": False, "verdict": f"the self-check could not run: {exc}"}
+        self.state.self_check = result
+        log.log(logging.WARNING if result.get("degraded") else logging.INFO, "self-check: %s", result["verdict"])
 
     # -- reports -----------------------------------------------------------------------------------------------
     def _instance_metrics(self) -> dict[str, str]:

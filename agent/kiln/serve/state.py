@@ -42,6 +42,7 @@ class AgentState:
     supervisor: Supervisor | None = None
     meter: TokenMeter = field(default_factory=TokenMeter)
     telemetry: Callable[[], list[dict[str, Any]]] = list
+    self_check: dict[str, Any] | None = None
     started_at: str = field(default_factory=_now_text)
 
     def __post_init__(self) -> None:
@@ -63,7 +64,7 @@ class AgentState:
             return self.phase
         states = [m.state for m in self.supervisor.instances]
         if states and all(s == READY for s in states):
-            return READY_PHASE
+            return DEGRADED if (self.self_check or {}).get("degraded") else READY_PHASE
         if any(s == READY for s in states):
             return DEGRADED
         if all(s == STARTING for s in states) and not any(m.restarts for m in self.supervisor.instances):
@@ -103,5 +104,6 @@ class AgentState:
             "services": [m for m in members if m["name"] not in names],
             "last_error": self.last_error.as_dict() if self.last_error else None,
             "serving": self.serving(),
+            "self_check": self.self_check,
             "gpus": self.telemetry() if with_telemetry else [],
         }

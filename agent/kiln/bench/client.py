@@ -1,0 +1,81 @@
+"""The one adapter over vLLM's benchmark client (vllm.benchmarks.serve), run in the Python that has vLLM.
+
+On the image vLLM lives in its own virtualenv, apart from kiln's, so the client runs as a subprocess there and
+hands its figures back through --save-result."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from kiln.errors import KilnError
+
+RUNNER = (
+    "import sys\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "parser = FlexibleArgumentParser()\n"
+    "add_cli_args(parser)\n"
+    "main(parser.parse_args(sys.argv[1:]))\n"
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    base_url: str
+    model: str  # the served model name
+    tokenizer: str  # a local folder or a Hugging Face id
+    api_key: str | None = None
+
+
+def discover(base_url: str, api_key: str | None) -> Target:
+    """The served model and its tokenizer from /v1/models (vLLM reports the model's path as `root`)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        reply = requests.get(f"{base_url}/v1/models", headers=headers, timeout=10)
+    except requests.RequestException as exc:
+        raise KilnError(f"{base_url} does not answer: {exc.__class__.__name__}",
+                        fix="check --url, and that the server is up (`kiln status`)") from exc
+    if reply.status_code == 401:
+        raise KilnError(f"{base_url} wants an API key", fix="pass --api-key (`kiln status` shows it)")
+    reply.raise_for_status()
+    model = reply.json()["data"][0]
+    return Target(base_url, str(model["id"]), str(model.get("root") or model["id"]), api_key)
+
+
+@dataclass
+class VllmBench:
+    python: str
+    log_file: Path | None = None
+
+    def run(self, target: Target, workload: Sequence[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+        """One benchmark run; vLLM's result JSON (throughputs, percentiles, goodput)."""
+        with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
+            argv = [self.python, "-c", RUNNER, "--backend", "openai", "--base-url", target.base_url,
+                    "--endpoint", "/v1/completions", "--model", target.model, "--tokenizer", target.tokenizer,
+                    "--ready-check-timeout-sec", "0", "--disable-tqdm", "--save-result", "--result-dir", tmp,
+                    "--result-filename", "result.json", *workload]
+            child_env = {**os.environ, **(env or {}), "VLLM_NO_USAGE_STATS": "1"}
+            if target.api_key:
+                child_env["OPENAI_API_KEY"] = target.api_key
+            log = self.log_file.open("a") if self.log_file else subprocess.DEVNULL
+            try:
+                done = subprocess.run(argv, env=child_env, stdout=log, stderr=subprocess.STDOUT, check=False)
+            finally:
+                if self.log_file and not isinstance(log, int):
+                    log.close()
+            result = Path(tmp) / "result.json"
+            if done.returncode != 0 or not result.exists():
+                where = f"; see {self.log_file}" if self.log_file else ""
+                raise KilnError(f"vLLM's benchmark client failed (exit {done.returncode}){where}",
+                                fix="check the URL, the model and that the tokenizer can be loaded offline")
+            data: dict[str, Any] = json.loads(result.read_text())
+            return data

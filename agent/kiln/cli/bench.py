@@ -1,0 +1,189 @@
+"""`kiln bench` (a sweep against any endpoint) and `kiln bench compare` (kiln's plan against vanilla vLLM)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kiln import datafiles
+from kiln.bench import report, setups
+from kiln.bench.client import Target, VllmBench, discover
+from kiln.bench.sweep import Slo, SweepSpec, ratios, run_sweep
+from kiln.choice.resolve import ResolvedChoice
+from kiln.choice.schema import Choice
+from kiln.cli.output import print_json, table
+from kiln.errors import ConfigError, KilnError
+from kiln.render.vllm import MODULE_VLLM, Runtime, find_vllm_python
+from kiln.serve.decide import decide
+from kiln.wiring import Kiln
+
+
+def _concurrencies(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("a comma-separated list of positive integers, e.g. 1,2,4,8")
+    return values
+
+
+def _add_sweep(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--concurrency", type=_concurrencies, default=(1, 2, 4, 8, 16, 32, 64),
+                   help="concurrent requests per level (default: 1,2,4,8,16,32,64)")
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--dataset", choices=["random", "sharegpt"], default="random")
+    p.add_argument("--dataset-path", help="the ShareGPT JSON file, with --dataset sharegpt")
+    p.add_argument("--num-prompts", type=int, help="prompts per level (default: 8 per concurrent request)")
+    p.add_argument("--slo-ttft-ms", type=float, default=Slo.ttft_ms, help="goodput: time to first token at most")
+    p.add_argument("--slo-tpot-ms", type=float, default=Slo.tpot_ms, help="goodput: time per output token at most")
+    price = p.add_mutually_exclusive_group()
+    price.add_argument("--price-per-hour", type=float, help="USD per hour of the machine")
+    price.add_argument("--machine", help="a machine fixture whose DigitalOcean price applies (`kiln detect --list`)")
+    p.add_argument("--out", type=Path, default=Path("kiln-bench"), help="folder for results.json, report.md, plots")
+    p.add_argument("--vllm-python", help="the Python with vLLM for the benchmark client (default: found)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def add_parsers(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="measure an endpoint: TTFT/TPOT/throughput per concurrency, and cost")
+    bench.add_argument("--url", help="the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000")
+    bench.add_argument("--api-key", help="the endpoint's key (`kiln status` shows it)")
+    _add_sweep(bench)
+    modes = bench.add_subparsers(dest="mode")
+    compare = modes.add_parser("compare", help="kiln's plan against vanilla vLLM on this machine, side by side")
+    compare.add_argument("--profile", default="tiny-cpu", help="the profile both setups serve (default: tiny-cpu)")
+    compare.add_argument("--instances", type=int, help="kiln's instances (default: the plan's)")
+    _add_sweep(compare)
+
+
+def price(args: argparse.Namespace) -> tuple[float | None, str]:
+    """The hourly price and where it came from."""
+    if args.price_per_hour is not None:
+        return args.price_per_hour, "command line"
+    if not args.machine:
+        return None, "not given: pass --price-per-hour or --machine"
+    droplets = datafiles.read_yaml("droplets.yaml")
+    for slug, size in droplets["sizes"].items():
+        if size.get("fixture") == args.machine and size.get("usd_per_hour") is not None:
+            return float(size["usd_per_hour"]), f"{slug}, {droplets['source']} (as of {droplets['as_of']})"
+    raise ConfigError(f"no DigitalOcean price for the machine {args.machine!r}",
+                      fix="pass --price-per-hour, or a fixture with an on-demand price (`kiln detect --list`)")
+
+
+def _spec(args: argparse.Namespace) -> SweepSpec:
+    if args.dataset == "sharegpt" and not args.dataset_path:
+        raise ConfigError("--dataset sharegpt needs --dataset-path FILE", fix="give the ShareGPT JSON file")
+    return SweepSpec(args.concurrency, args.input_len, args.output_len, args.dataset, args.dataset_path,
+                     args.num_prompts, Slo(args.slo_ttft_ms, args.slo_tpot_ms))
+
+
+class ProgressBar:
+    """One line per level; redrawn in place on a terminal."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int, level: dict[str, Any] | None) -> None:
+        bar = "#" * round(20 * done / total) + "." * (20 - round(20 * done / total))
+        last = (f"  concurrency {level['concurrency']}: {level['output_tokens_per_s']:,.1f} tok/s, "
+                f"TTFT p50 {level['ttft_ms']['p50']:,.0f} ms") if level else "  running..."
+        line = f"{self.label} [{bar}] {done}/{total}{last}"
+        if self.tty:
+            print(f"\r{line:<110}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+        elif level:
+            print(line, file=sys.stderr, flush=True)
+
+
+def _sweep(target: Target, spec: SweepSpec, client: VllmBench, usd: float | None, label: str,
+           env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    return run_sweep(spec, lambda workload: client.run(target, workload, env), usd, ProgressBar(label))
+
+
+def cmd_bench(kiln: Kiln, args: argparse.Namespace) -> int:
+    if args.mode == "compare":
+        return cmd_compare(kiln, args)
+    if not args.url:
+        raise ConfigError("kiln bench needs --url", fix="e.g. --url http://127.0.0.1:8000 (or `kiln bench compare`)")
+    usd, source = price(args)
+    spec = _spec(args)
+    target = discover(args.url.rstrip("/"), args.api_key)
+    args.out.mkdir(parents=True, exist_ok=True)
+    client = VllmBench(args.vllm_python or find_vllm_python(), args.out / "vllm-bench.log")
+    levels = _sweep(target, spec, client, usd, "kiln bench")
+    setup = {"label": "endpoint", "url": target.base_url, "model": target.model, "dataset": spec.dataset,
+             "input_len": spec.input_len, "output_len": spec.output_len, "usd_per_hour": usd,
+             "price_source": source, "slo": f"TTFT <= {spec.slo.ttft_ms:g} ms, TPOT <= {spec.slo.tpot_ms:g} ms"}
+    files = report.write_sweep(args.out, levels, setup)
+    if args.json:
+        print_json(json.loads((args.out / "results.json").read_text()))
+    else:
+        print(report.markdown_table(levels))
+        print("\nwrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def cmd_compare(kiln: Kiln, args: argparse.Namespace) -> int:
+    usd, source = price(args)
+    spec = _spec(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    client = VllmBench(args.vllm_python or find_vllm_python(), args.out / "vllm-bench.log")
+    root = args.out / "setups"  # each setup's state and logs
+    # The plan for this machine (--machine only prices it), with kiln up's folder for made models.
+    runtime = Runtime(vllm_command=(find_vllm_python(), *MODULE_VLLM), models_dir=str(root / "kiln" / "models"))
+    decision = decide(kiln, None, ResolvedChoice(Choice(profile=args.profile, instances=args.instances), {}),
+                      runtime)
+    if decision.plan is None or decision.profile is None:
+        what, fix = decision.failure or ("no plan", "")
+        raise KilnError(what, fix=fix)
+    profile, machine = decision.profile, decision.machine
+    local = any(c.local for c in profile.checkpoints.values())
+    print(f"1/2 kiln's plan: {len(decision.rendered)} instance(s) of {profile.name} behind kiln's endpoint",
+          file=sys.stderr, flush=True)
+    with setups.kiln_up(root / "kiln", profile.name, instances=len(decision.rendered)) as up:
+        ours = _sweep(discover(up.url, up.api_key), spec, client, usd, "kiln   ")
+    first = decision.rendered[0].argv
+    model = first[first.index("--model") + 1]
+    argv = setups.vanilla_argv(model, profile.name, setups.Ports().vanilla, machine.gpu_count if machine else 0,
+                               profile.serving.extra_args if profile.cpu_only else (),
+                               launcher=runtime.vllm_command)
+    print("2/2 vanilla vLLM: one instance, default flags", file=sys.stderr, flush=True)
+    # On the CPU backend vLLM's default reserves 92% of the node's memory and will not start beside anything;
+    # the KV-cache size is what it needs to start at all, not tuning.
+    needs_env = {k: v for k, v in decision.rendered[0].env.items() if k == "VLLM_CPU_KVCACHE_SPACE"}
+    with setups.vanilla(root / "vanilla", argv, local, needs_env) as plain:
+        baseline = _sweep(Target(plain.url, profile.name, model), spec, client, usd, "vanilla")
+    rows = ratios(ours, baseline)
+    result = {"profile": profile.name, "usd_per_hour": usd, "price_source": source, "kiln": ours,
+              "vanilla": baseline, "ratios": rows, "vanilla_argv": list(argv)}
+    (args.out / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
+    report.plot({"kiln": ours, "vanilla vLLM": baseline}, args.out, f"{profile.name}: kiln vs vanilla")
+    text = compare_text(ours, baseline, rows)
+    (args.out / "compare.md").write_text(f"# kiln vs vanilla vLLM: {profile.name}\n\n{text}\n")
+    if args.json:
+        print_json(result)
+    else:
+        print(text)
+    return 0
+
+
+def compare_text(ours: list[dict[str, Any]], baseline: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    def fmt(v: float | None, digits: int = 1) -> str:
+        return "-" if v is None else f"{v:,.{digits}f}"
+
+    by_level = {b["concurrency"]: b for b in baseline}
+    lines = []
+    for k, r in zip(ours, rows, strict=False):
+        b = by_level[k["concurrency"]]
+        lines.append([k["concurrency"],
+                      f"{fmt(k['output_tokens_per_s'])} vs {fmt(b['output_tokens_per_s'])} "
+                      f"({fmt(r['output_tokens_per_s'], 2)}x)",
+                      f"{fmt(k['ttft_ms']['p50'])} vs {fmt(b['ttft_ms']['p50'])} ({fmt(r['ttft_ms_p50'], 2)}x)",
+                      f"{fmt(k['usd_per_million_output_tokens'], 4)} vs {fmt(b['usd_per_million_output_tokens'], 4)}"
+                      f" ({fmt(r['usd_per_million_output_tokens'], 2)}x)"])
+    return table(["Concurrency", "Output tok/s: kiln vs vanilla", "TTFT p50 ms", "$ per M output tokens"], lines)
