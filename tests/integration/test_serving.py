@@ -182,6 +182,16 @@ def test_status_reports_the_instances_without_the_key(stack: Stack) -> None:
     assert "vllm-0" in text and "ready" in text
 
 
+def test_the_boot_self_check_is_on_status_beside_the_prediction(stack: Stack) -> None:
+    stack.wait_for("the self-check", lambda: (stack.status()["self_check"] or {}).get("state") == "done", 300, 1)
+    check = stack.status()["self_check"]
+    assert check["measured"]["output_tokens_per_s"] > 0 and check["measured"]["failed"] == 0
+    assert check["measured"]["ttft_ms_p50"] > 0 and check["measured"]["tpot_ms_p50"] > 0
+    assert check["predicted"]["output_tokens_per_s"] > 0
+    assert check["degraded"] is False and "not judged on the CPU backend" in check["verdict"]
+    assert stack.status()["phase"] == "ready"
+
+
 def test_overload_beyond_the_queue_gets_429_with_retry_after(stack: Stack) -> None:
     cap = 2 * 16 * 2  # the front admits 2 x max_num_seqs (16) x 2 instances in flight
     body = {"model": "tiny-cpu", "prompt": "kiln", "max_tokens": 1500, "ignore_eos": True, "stream": True}

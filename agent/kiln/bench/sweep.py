@@ -40,7 +40,9 @@ class SweepSpec:
             data += ["--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len)]
         else:
             data += ["--dataset-path", str(self.dataset_path), "--sharegpt-output-len", str(self.output_len)]
+        # Warm-up requests first, so the first level does not pay for cold code paths the others do not.
         return [*data, "--num-prompts", str(self.prompts(concurrency)), "--max-concurrency", str(concurrency),
+                "--num-warmups", str(max(2, concurrency)),
                 "--ignore-eos", "--percentile-metrics", ",".join(METRICS), "--metric-percentiles",
                 ",".join(map(str, PERCENTILES)), *self.slo.flags()]
 

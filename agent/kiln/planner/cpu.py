@@ -11,8 +11,8 @@ from kiln.profiles.schema import Profile
 
 def make_cpu_plan(machine: Machine, profile: Profile, choice: Choice, c: Constants) -> Plan | Refusal:
     cores = machine.host.cpu_count
-    instances = choice.instances or max(1, min(c.get("cpu", "default_instances"),
-                                               cores // c.get("cpu", "min_cores_per_instance")))
+    reserved = c.get("cpu", "reserved_cores_per_instance")
+    instances = choice.instances or max(1, min(c.get("cpu", "default_instances"), cores // (1 + reserved)))
     if instances > cores:
         return Refusal(f"{instances} CPU instances need at least {instances} cores; this machine has {cores}",
                        (f"ask for at most {cores} instances",))
@@ -33,6 +33,7 @@ def make_cpu_plan(machine: Machine, profile: Profile, choice: Choice, c: Constan
     seqs = c.get("planning", "max_num_seqs", "cpu")
     weights = cap.weight_bytes(profile, precision)
     per_core = cores // instances
+    omp_reserve = reserved if per_core > reserved else 0  # an instance on one core cannot spare it
     bandwidth = c.get("cpu", "memory_bandwidth_gb_s") * 1e9 / instances
     ctx_avg = min(context, c.get("planning", "typical_prompt_tokens"))
     step = (weights + ctx_avg * layout.bytes_per_token_per_gpu) / bandwidth
@@ -49,7 +50,8 @@ def make_cpu_plan(machine: Machine, profile: Profile, choice: Choice, c: Constan
     first_port = c.get("planning", "first_instance_port")
     plans = tuple(
         InstancePlan(name=f"vllm-{i}", gpus=(), gpu_uuids=(), device_minors=(), port=first_port + i, numa_node=None,
-                     cpus=tuple(range(i * per_core, (i + 1) * per_core)))
+                     cpus=tuple(range(i * per_core, (i + 1) * per_core)),
+                     omp_cpus=tuple(range(i * per_core, (i + 1) * per_core - omp_reserve)))
         for i in range(instances)
     )
     predicted = Prediction(
@@ -61,8 +63,8 @@ def make_cpu_plan(machine: Machine, profile: Profile, choice: Choice, c: Constan
     )
     explanation = (
         f"Machine: {cores} CPU cores, no GPU used: {profile.name} runs on vLLM's CPU backend.",
-        f"{instances} instances, {per_core} core(s) each (VLLM_CPU_OMP_THREADS_BIND), so one endpoint spreads "
-        "load over independent engines.",
+        f"{instances} instance(s), {per_core} core(s) each, {per_core - omp_reserve} of them for OpenMP "
+        f"(VLLM_CPU_OMP_THREADS_BIND) and {omp_reserve} for the engine's scheduler.",
         f"KV cache: VLLM_CPU_KVCACHE_SPACE={kv_space // 2**30} GiB = {tokens:,} tokens at "
         f"{layout.bytes_per_token_instance:,} bytes per token.",
         "Prefix caching on; no quantization or speculative decoding on the CPU.",

@@ -28,6 +28,7 @@ class InstancePlan:
     port: int
     numa_node: int | None
     cpus: tuple[int, ...]
+    omp_cpus: tuple[int, ...] = ()  # CPU backend: the cores of the OpenMP threads; the rest of `cpus` is spare
 
 
 @dataclass(frozen=True)

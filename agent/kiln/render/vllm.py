@@ -114,8 +114,9 @@ def vllm_env(plan: Plan, instance: InstancePlan, runtime: Runtime) -> dict[str, 
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in instance.gpus)
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(plan.predicted.kv_cache_bytes_per_gpu // 2**30, 1))
-        if instance.cpus:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = f"{instance.cpus[0]}-{instance.cpus[-1]}"
+        omp = instance.omp_cpus or instance.cpus
+        if omp:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"{omp[0]}-{omp[-1]}"
     env.update(dict(runtime.extra_env))
     return env
 
