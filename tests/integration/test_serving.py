@@ -6,6 +6,7 @@ Measured times (routing exit after kill -9, restart, hang detection) are printed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -235,26 +236,35 @@ def _stream_until(stop: threading.Event, url: str, headers: dict[str, str], outc
             outcomes.append("cut-after-headers" if got_headers else f"before-headers: {exc!r}")
 
 
-def test_kill_9_of_an_instance_under_16_streams(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
-    victim = stack.instance("vllm-1")
-    victim_url = "http://127.0.0.1:8101"
+@contextlib.contextmanager
+def streaming_clients(stack: Stack, count: int) -> Iterator[list[str]]:
+    """`count` clients streaming back to back until the block ends; yields their outcomes as they come."""
     stop = threading.Event()
     outcomes: list[str] = []
     clients = [threading.Thread(target=_stream_until, args=(stop, stack.base, stack.auth(), outcomes))
-               for _ in range(16)]
+               for _ in range(count)]
     for c in clients:
         c.start()
-    time.sleep(4)
-    killed_at = time.monotonic()
-    os.kill(victim["pid"], signal.SIGKILL)
-    stack.wait_for("leaving routing", lambda: victim_url not in stack.routed_urls(), 10, every_s=0.05)
-    left = time.monotonic() - killed_at
-    stack.wait_for("a restart", lambda: stack.instance("vllm-1")["pid"] not in (None, victim["pid"]), 30)
-    restarted = time.monotonic() - killed_at
-    time.sleep(8)  # the clients go on against the one instance left
-    stop.set()
-    for c in clients:
-        c.join(timeout=90)
+    try:
+        yield outcomes
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(timeout=90)
+
+
+def test_kill_9_of_an_instance_under_16_streams(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    victim = stack.instance("vllm-1")
+    victim_url = "http://127.0.0.1:8101"
+    with streaming_clients(stack, 16) as outcomes:
+        time.sleep(4)
+        killed_at = time.monotonic()
+        os.kill(victim["pid"], signal.SIGKILL)
+        stack.wait_for("leaving routing", lambda: victim_url not in stack.routed_urls(), 10, every_s=0.05)
+        left = time.monotonic() - killed_at
+        stack.wait_for("a restart", lambda: stack.instance("vllm-1")["pid"] not in (None, victim["pid"]), 30)
+        restarted = time.monotonic() - killed_at
+        time.sleep(8)  # the clients go on against the one instance left
     stack.wait_for("the instance back in routing",
                    lambda: victim_url in stack.routed_urls() and stack.instance("vllm-1")["state"] == "ready",
                    STARTUP_TIMEOUT_S, every_s=1)
@@ -271,17 +281,9 @@ def test_kill_9_of_an_instance_under_16_streams(stack: Stack, capsys: pytest.Cap
 
 
 def test_metrics_report_the_rate_and_the_cost(stack: Stack) -> None:
-    stop = threading.Event()
-    outcomes: list[str] = []
-    clients = [threading.Thread(target=_stream_until, args=(stop, stack.base, stack.auth(), outcomes))
-               for _ in range(8)]
-    for c in clients:
-        c.start()
-    time.sleep(12)  # two meter samples (every 5 s) with tokens between them
-    text = requests.get(f"{stack.health}/metrics", timeout=10).text
-    stop.set()
-    for c in clients:
-        c.join(timeout=90)
+    with streaming_clients(stack, 8):
+        time.sleep(12)  # two meter samples (every 5 s) with tokens between them
+        text = requests.get(f"{stack.health}/metrics", timeout=10).text
     samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
     values = {s.name: s.value for s in samples if not s.labels}
     rate = values["kiln_output_tokens_per_second"]

@@ -55,7 +55,7 @@ def kiln_up(state: Path, profile: str, ports: Ports = Ports(), instances: int | 
     """kiln's plan for this machine, served by `kiln up` behind its public endpoint."""
     argv = [str(Path(sys.executable).parent / "kiln"), "up", "--profile", profile, "--state-dir", str(state),
             "--port", str(ports.public), "--health-port", str(ports.health), "--router-port", str(ports.router),
-            "--router-metrics-port", str(ports.router_metrics)]
+            "--router-metrics-port", str(ports.router_metrics), "--no-self-check"]  # nothing else may load it
     argv += ["--instances", str(instances)] if instances else []
     argv += ["--router-policy", policy] if policy else []
     log = state / "kiln-up.log"

@@ -96,6 +96,7 @@ def ratios(kiln: Sequence[dict[str, Any]], baseline: Sequence[dict[str, Any]]) -
                      "output_tokens_per_s": ratio(k["output_tokens_per_s"], b["output_tokens_per_s"]),
                      "ttft_ms_p50": ratio(k["ttft_ms"]["p50"], b["ttft_ms"]["p50"]),
                      "tpot_ms_p50": ratio(k["tpot_ms"]["p50"], b["tpot_ms"]["p50"]),
+                     "e2e_ms_p50": ratio(k["e2e_ms"]["p50"], b["e2e_ms"]["p50"]),
                      "usd_per_million_output_tokens": ratio(k["usd_per_million_output_tokens"],
                                                             b["usd_per_million_output_tokens"])})
     return rows

@@ -184,6 +184,8 @@ def compare_text(ours: list[dict[str, Any]], baseline: list[dict[str, Any]], row
                       f"{fmt(k['output_tokens_per_s'])} vs {fmt(b['output_tokens_per_s'])} "
                       f"({fmt(r['output_tokens_per_s'], 2)}x)",
                       f"{fmt(k['ttft_ms']['p50'])} vs {fmt(b['ttft_ms']['p50'])} ({fmt(r['ttft_ms_p50'], 2)}x)",
+                      f"{fmt(k['e2e_ms']['p50'])} vs {fmt(b['e2e_ms']['p50'])} ({fmt(r['e2e_ms_p50'], 2)}x)",
                       f"{fmt(k['usd_per_million_output_tokens'], 4)} vs {fmt(b['usd_per_million_output_tokens'], 4)}"
                       f" ({fmt(r['usd_per_million_output_tokens'], 2)}x)"])
-    return table(["Concurrency", "Output tok/s: kiln vs vanilla", "TTFT p50 ms", "$ per M output tokens"], lines)
+    return table(["Concurrency", "Output tok/s: kiln vs vanilla", "TTFT p50 ms", "E2E p50 ms",
+                  "$ per M output tokens"], lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -195,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_json(exc.as_dict())
         print(f"kiln: {exc.message()}", file=sys.stderr)
         return EXIT_REFUSED
+    except BrokenPipeError:  # the reader went away (`kiln plan --json | head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -102,7 +102,11 @@ class Agent:
         layout = options.layout
         self.state = AgentState(endpoint=layout.endpoint_url(options.advertised_host), health=layout.health_url,
                                 api_key_file=str(layout.api_key_file), telemetry=lambda: gpu_telemetry(pynvml))
-        self.health = HealthServer(self.state, layout.local_host, layout.health_port, self.metrics)
+        try:
+            self.health = HealthServer(self.state, layout.local_host, layout.health_port, self.metrics)
+        except OSError as exc:
+            raise KilnError(f"the health endpoint cannot listen on {layout.health_url}: {exc.strerror}",
+                            fix="stop the other kiln agent (`kiln status`), or pass another --health-port") from exc
         self.supervisor: Supervisor | None = None
         self.decision: Decision | None = None
         self.stopping = threading.Event()
