@@ -17,6 +17,7 @@ from typing import Any
 import requests
 
 from kiln.errors import KilnError
+from kiln.serve.processes import die_with_parent
 
 RUNNER = (
     "import sys\n"
@@ -68,7 +69,8 @@ class VllmBench:
                 child_env["OPENAI_API_KEY"] = target.api_key
             log = self.log_file.open("a") if self.log_file else subprocess.DEVNULL
             try:
-                done = subprocess.run(argv, env=child_env, stdout=log, stderr=subprocess.STDOUT, check=False)
+                done = subprocess.run(argv, env=child_env, stdout=log, stderr=subprocess.STDOUT, check=False,
+                                      preexec_fn=die_with_parent)  # a killed agent leaves no client behind
             finally:
                 if self.log_file and not isinstance(log, int):
                     log.close()

@@ -100,10 +100,15 @@ def cmd_agent(kiln: Kiln, args: argparse.Namespace) -> int:
     configure_logging(args.verbose)
     layout = _layout(args, ServeLayout().state_dir, args.public_host)
     options = AgentOptions(layout=layout, read_choice=lambda: resolve_choice(SourceReader(root=args.root).read()),
-                           machine=args.machine, vllm_command=IMAGE_VLLM, advertised_host=_primary_address(),
+                           machine=args.machine, vllm_command=_agent_vllm(), advertised_host=_primary_address(),
                            motd_file=args.motd, systemd=_use_systemd(args.launcher),
                            router=RouterSettings(policy=args.router_policy))
     return _serve(Agent(kiln, options))
+
+
+def _agent_vllm() -> tuple[str, ...]:
+    """The image's vLLM, or where there is none (a development machine), the vLLM this Python can import."""
+    return IMAGE_VLLM if Path(IMAGE_VLLM[0]).exists() else (find_vllm_python(), *MODULE_VLLM)
 
 
 def _use_systemd(launcher: str) -> bool:

@@ -27,7 +27,7 @@ class ProcessSpec:
                 "log_file": str(self.log_file) if self.log_file else None}
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: the child gets SIGTERM if the agent dies, so a killed agent leaves no server behind."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -85,7 +85,7 @@ class LocalProcesses:
         try:
             popen = subprocess.Popen(
                 list(spec.argv), env={**os.environ, **spec.env}, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)  # noqa: PLW1509 - prctl alone, no lock taken
         finally:
             if isinstance(log, int) and log >= 0:
                 os.close(log)

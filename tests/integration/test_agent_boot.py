@@ -1,0 +1,71 @@
+"""`kiln agent run` as the image runs it at boot, outside systemd: cloud-init user-data picks the model and the key,
+and the agent serves it behind the public endpoint, reports it, and stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+pytestmark = pytest.mark.integration
+KILN = str(Path(sys.executable).parent / "kiln")
+KEY = "user-chosen-key-0123456789"
+USER_DATA = f"""#cloud-config
+write_files:
+  - path: /etc/kiln/kiln.yaml
+    permissions: "0600"
+    content: |
+      profile: tiny-cpu
+      instances: 1
+      api_key: {KEY}
+"""
+
+
+def test_the_agent_serves_what_user_data_chose(tmp_path: Path) -> None:
+    seed = tmp_path / "root" / "var" / "lib" / "cloud" / "instance"
+    seed.mkdir(parents=True)
+    (seed / "user-data.txt").write_text(USER_DATA)
+    state = tmp_path / "state"
+    health = "http://127.0.0.1:18490"
+    log = tmp_path / "agent.log"
+    with log.open("w") as out:
+        agent = subprocess.Popen(
+            [KILN, "agent", "run", "--root", str(tmp_path / "root"), "--state-dir", str(state), "--launcher", "process",
+             "--public-host", "127.0.0.1", "--port", "18400", "--health-port", "18490", "--router-port", "18401",
+             "--router-metrics-port", "18402", "--motd", str(tmp_path / "motd")], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        status: dict[str, object] = {}
+        deadline = time.monotonic() + 480
+        while time.monotonic() < deadline and status.get("phase") != "ready":
+            assert agent.poll() is None, log.read_text()[-3000:]
+            with contextlib.suppress(requests.RequestException):
+                status = requests.get(f"{health}/status", timeout=2).json()
+            time.sleep(2)
+        assert status.get("phase") == "ready", log.read_text()[-3000:]
+        choice = status["choice"]
+        assert isinstance(choice, dict) and choice["profile"] == "tiny-cpu" and choice["api_key_set"]
+        assert choice["origins"]["profile"].startswith("user-data (cloud-init")
+        plan = json.loads((state / "plan.json").read_text())
+        assert plan == status["plan"] and len(plan["instances"]) == 1
+        assert (state / "api_key").read_text().strip() == KEY
+        assert KEY in (tmp_path / "motd").read_text()
+
+        reply = requests.post("http://127.0.0.1:18400/v1/completions", timeout=60,
+                              headers={"Authorization": f"Bearer {KEY}"},
+                              json={"model": "tiny-cpu", "prompt": "kiln", "max_tokens": 8, "ignore_eos": True})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 8
+        children = psutil.Process(agent.pid).children(recursive=True)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=90)
+    assert agent.returncode == 0
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
