@@ -17,6 +17,7 @@ from vllm.benchmarks.serve import main as run_vllm_bench
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from kiln.bench.setups import Ports, kiln_up
+from kiln.serve.agent import http_probe
 from kiln.serve.apikey import generate_api_key, write_private
 from kiln.serve.layout import ServeLayout
 from kiln.serve.processes import LocalProcesses, ProcessSpec
@@ -59,7 +60,7 @@ def fake_stack(state: Path) -> Iterator[tuple[str, str, str]]:
     proxy = Member(ProcessSpec("proxy", nginx_argv(nginx, layout), log_file=state / "proxy.log"))
     router_member = Member(ProcessSpec("router", router_argv(router, layout, RouterSettings()),
                                        log_file=state / "router.log"), probe_url=f"{layout.router_url}/health")
-    supervisor = Supervisor(LocalProcesses(), RouterClient(layout.router_url), _probe,
+    supervisor = Supervisor(LocalProcesses(), RouterClient(layout.router_url), http_probe,
                             SupervisorSettings(stop_grace_s=5), router=router_member, others=[proxy],
                             instances=backends)
     supervisor.start()
@@ -74,12 +75,6 @@ def fake_stack(state: Path) -> Iterator[tuple[str, str, str]]:
         yield public, backends[0].route_url or "", key
     finally:
         supervisor.stop()
-
-
-def _probe(url: str) -> bool:
-    with contextlib.suppress(requests.RequestException):
-        return requests.get(url, timeout=2).status_code == 200
-    return False
 
 
 @contextlib.contextmanager

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from kiln.choice.sources import SourceReader
 from kiln.cli.output import print_json, table
 from kiln.errors import KilnError, NotFoundError
 from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, find_vllm_python
-from kiln.serve.agent import Agent, AgentOptions, configure_logging, status_of
+from kiln.serve.agent import Agent, AgentOptions, configure_logging
 from kiln.serve.layout import HEALTH_PORT, PUBLIC_PORT, ROUTER_METRICS_PORT, ROUTER_PORT, ServeLayout
 from kiln.serve.router import ROUTER_POLICIES, RouterSettings
 from kiln.serve.selfcheck import SelfCheckSettings
@@ -202,18 +201,3 @@ def status_text(s: dict[str, Any], key: str) -> str:
     if err:
         lines += ["", f"last error: {err['error']}", f"  fix: {err['fix']}"]
     return "\n".join(lines)
-
-
-def wait_ready(layout: ServeLayout, timeout_s: float) -> dict[str, Any]:
-    """Poll the health endpoint until the agent is ready (used by tests and scripts)."""
-    deadline = time.monotonic() + timeout_s
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        try:
-            status = status_of(layout)
-            if status.get("phase") in ("ready", "failed"):
-                return status
-        except requests.RequestException:
-            pass
-        time.sleep(1)
-    return status

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pynvml
 import requests
@@ -279,10 +278,3 @@ class Agent:
 def configure_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-
-
-def status_of(layout: ServeLayout, timeout_s: float = 3.0) -> dict[str, Any]:
-    reply = requests.get(f"{layout.health_url}/status", timeout=timeout_s)
-    reply.raise_for_status()
-    data: dict[str, Any] = reply.json()
-    return data
