@@ -14,6 +14,21 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx >/dev/null
 fi
 
+# The image's build tools: Debian's packer, and Ansible with ansible-lint in a virtualenv of their own
+# (their pins would fight vLLM's in the main one).
+if ! command -v packer >/dev/null 2>&1; then
+  echo "==> installing packer (Debian/Ubuntu)"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends packer >/dev/null
+fi
+TOOLS=${KILN_TOOLS_VENV:-.venv-tools}
+if [ ! -x "$TOOLS/bin/ansible-lint" ]; then
+  echo "==> installing ansible and ansible-lint into $TOOLS"
+  python3 -m venv "$TOOLS"
+  "$TOOLS/bin/python" -m pip install -q "ansible==12.3.0" "ansible-lint==26.10.1"
+fi
+
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip

@@ -1,0 +1,31 @@
+build {
+  name    = "kiln-qemu"
+  sources = ["source.qemu.local"]
+
+  # Same play as the DigitalOcean build. The build user is not root, so
+  # --become runs the play as root whatever the playbook itself says.
+  # The playbook's image_cleanup role fails the build on any FAIL of its
+  # checks, so no separate check follows.
+  provisioner "ansible" {
+    playbook_file = "${path.root}/../playbook.yml"
+    user          = local.build_user
+    extra_arguments = [
+      "--become",
+      "--extra-vars",
+      jsonencode({
+        kiln_agent_wheel        = abspath(var.kiln_wheel)
+        kiln_agent_profiles_dir = abspath(local.profiles_dir)
+      }),
+    ]
+    ansible_env_vars = [
+      "ANSIBLE_HOST_KEY_CHECKING=False",
+      # The roles live beside image/, not under the playbook's folder.
+      "ANSIBLE_ROLES_PATH=${path.root}/../../roles",
+      # Ansible reaches the machine through Packer's local SSH proxy, whose
+      # host key is ssh-rsa; OpenSSH >= 8.8 refuses that by default
+      # (hashicorp/packer-plugin-ansible#69, #140). Allowed for this proxy
+      # on 127.0.0.1 only; the first three options are Ansible's defaults.
+      "ANSIBLE_SSH_ARGS=-C -o ControlMaster=auto -o ControlPersist=60s -o HostKeyAlgorithms=+ssh-rsa -o PubkeyAcceptedKeyTypes=+ssh-rsa",
+    ]
+  }
+}
