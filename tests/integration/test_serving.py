@@ -193,6 +193,22 @@ def test_the_boot_self_check_is_on_status_beside_the_prediction(stack: Stack) ->
     assert stack.status()["phase"] == "ready"
 
 
+@contextlib.contextmanager
+def engines_frozen(stack: Stack) -> Iterator[None]:
+    """SIGSTOP every instance's engine processes; their API servers keep answering health checks."""
+    engines = [child for i in stack.status()["instances"]
+               for child in psutil.Process(i["pid"]).children(recursive=True) if child.name().startswith("VLLM::")]
+    assert engines, "no vLLM engine processes found"
+    for p in engines:
+        p.suspend()
+    try:
+        yield
+    finally:
+        for p in engines:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.resume()
+
+
 def test_overload_beyond_the_queue_gets_429_with_retry_after(stack: Stack) -> None:
     cap = 2 * 16 * 2  # the front admits 2 x max_num_seqs (16) x 2 instances in flight
     body = {"model": "tiny-cpu", "prompt": "kiln", "max_tokens": 1500, "ignore_eos": True, "stream": True}
@@ -200,19 +216,22 @@ def test_overload_beyond_the_queue_gets_429_with_retry_after(stack: Stack) -> No
     def open_stream(_: int) -> requests.Response:
         return requests.post(f"{stack.base}/v1/completions", headers=stack.auth(), json=body, stream=True, timeout=60)
 
-    with ThreadPoolExecutor(cap) as pool:
-        held = list(pool.map(open_stream, range(cap)))  # each returns once its headers are in: all in flight
-    try:
-        assert [r.status_code for r in held] == [200] * cap
-        extra = [open_stream(i) for i in range(8)]
-        assert [r.status_code for r in extra] == [429] * 8
-        assert all(r.headers["Retry-After"] == "2" for r in extra)
-        assert extra[0].json()["error"]["code"] == "overloaded"
-        waits = [r.elapsed.total_seconds() for r in extra]
-        assert max(waits) < 5  # refused at once, not queued behind the 1,500-token streams
-    finally:
-        for r in held:
-            r.close()
+    # Frozen engines generate nothing, so all the streams stay in flight however fast the tiny model is;
+    # vLLM still answers each with its headers.
+    with engines_frozen(stack), ThreadPoolExecutor(cap) as pool:
+        held = list(pool.map(open_stream, range(cap)))  # each returns once its headers are in
+        try:
+            assert [r.status_code for r in held] == [200] * cap
+            extra = [open_stream(i) for i in range(8)]
+            assert [r.status_code for r in extra] == [429] * 8
+            assert all(r.headers["Retry-After"] == "2" for r in extra)
+            assert extra[0].json()["error"]["code"] == "overloaded"
+            waits = [r.elapsed.total_seconds() for r in extra]
+            assert max(waits) < 5  # refused at once, not queued behind the held streams
+        finally:
+            for r in held:
+                r.close()
+    stack.wait_for("both instances routed again", lambda: len(stack.routed_urls()) == 2, 60, 0.5)
     stack.wait_for("the front admitting again", lambda: requests.post(
         f"{stack.base}/v1/completions", headers=stack.auth(), timeout=30,
         json={"model": "tiny-cpu", "prompt": "kiln", "max_tokens": 2}).status_code == 200, 30, every_s=0.5)
