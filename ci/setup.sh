@@ -6,21 +6,21 @@ cd "$(dirname "$0")/.."
 VENV=${KILN_VENV:-.venv}
 VLLM_VERSION=0.32.0
 
-# nginx fronts the public endpoint (API key, path allowlist, 429 beyond the queue).
-if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
-  echo "==> installing nginx (Debian/Ubuntu)"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx >/dev/null
-fi
-
-# The image's build tools: Debian's packer, and Ansible with ansible-lint in a virtualenv of their own
+# Debian packages: nginx fronts the public endpoint (API key, path allowlist, 429 beyond the queue);
+# the image's build tools are Debian's packer, mmdebstrap, fdisk and qemu-utils for the local build, and
+# QEMU, genisoimage and ssh for its boot test. Ansible and ansible-lint get a virtualenv of their own
 # (their pins would fight vLLM's in the main one).
-if ! command -v packer >/dev/null 2>&1; then
-  echo "==> installing packer (Debian/Ubuntu)"
+DEBIAN_TOOLS=(nginx:nginx packer:packer mmdebstrap:mmdebstrap sfdisk:fdisk qemu-img:qemu-utils
+              qemu-system-x86_64:qemu-system-x86 genisoimage:genisoimage ssh:openssh-client)
+missing=()
+for pair in "${DEBIAN_TOOLS[@]}"; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${pair%%:*}" ] || missing+=("${pair##*:}")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "==> installing ${missing[*]} (Debian/Ubuntu)"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends packer >/dev/null
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 TOOLS=${KILN_TOOLS_VENV:-.venv-tools}
 if [ ! -x "$TOOLS/bin/ansible-lint" ]; then

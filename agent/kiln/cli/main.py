@@ -14,7 +14,7 @@ from kiln.choice.resolve import resolve_choice
 from kiln.choice.schema import Choice, validate_fields
 from kiln.choice.select import select_profile
 from kiln.choice.sources import SourceReader
-from kiln.cli import bench, serving
+from kiln.cli import bench, image, serving
 from kiln.cli.output import print_json, table
 from kiln.cli.views import machine_dict, machine_text, plan_dict, plan_text, profile_row
 from kiln.errors import KilnError
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(choice)
     serving.add_parsers(sub)
     bench.add_parsers(sub)
+    image.add_parsers(sub)
     return parser
 
 
@@ -183,7 +184,8 @@ def cmd_choice(kiln: Kiln, args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"detect": cmd_detect, "profiles": cmd_profiles, "plan": cmd_plan, "choice": cmd_choice,
-            "agent": serving.cmd_agent, "up": serving.cmd_up, "status": serving.cmd_status, "bench": bench.cmd_bench}
+            "agent": serving.cmd_agent, "up": serving.cmd_up, "status": serving.cmd_status, "bench": bench.cmd_bench,
+            "image": image.cmd_image}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

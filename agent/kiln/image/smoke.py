@@ -1,0 +1,172 @@
+"""`kiln image smoke`, the pure half: the NoCloud seed a user would write, QEMU's command line, and the
+verdict on what the booted machine reported. No I/O here (kiln/image/vm.py boots and asks)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiln.serve.layout import ServeLayout
+
+SMOKE_USER = "smoke"
+SSH_PORT = 22
+# Beyond kiln: sshd, the DHCP client, and chrony's command socket on localhost.
+PUBLIC_TCP = {SSH_PORT}
+PUBLIC_UDP = {68}
+LOCAL_UDP = {323}
+EPHEMERAL_FROM = 32768  # Linux's ip_local_port_range: vLLM's engine sockets bind there on localhost
+AGENT_STARTED = ("starting", "ready", "degraded")
+LAYOUT = ServeLayout()  # the image's documented ports
+OBJECTIVE = "latency"  # not the default (throughput), so the plan shows the user-data was read
+
+
+@dataclass(frozen=True)
+class Forwards:
+    """Host ports on 127.0.0.1 forwarded into the guest."""
+    ssh: int
+    public: int
+    health: int  # forwarded to prove the health port does not answer from outside the guest
+
+
+def user_data(profile: str, ssh_public_key: str, price_per_hour: float = 0.0) -> str:
+    """The README's #cloud-config, plus a login for the test."""
+    settings = {"profile": profile, "objective": OBJECTIVE, "price_per_hour": price_per_hour}
+    doc = {
+        "users": [{"name": SMOKE_USER, "sudo": "ALL=(ALL) NOPASSWD:ALL", "shell": "/bin/bash",
+                   "lock_passwd": True, "ssh_authorized_keys": [ssh_public_key.strip()]}],
+        "write_files": [{"path": "/etc/kiln/kiln.yaml", "owner": "root:root", "permissions": "0600",
+                         "content": yaml.safe_dump(settings, sort_keys=False)}],
+    }
+    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)
+
+
+def meta_data(instance_id: str) -> str:
+    return f"instance-id: {instance_id}\nlocal-hostname: kiln-smoke\n"
+
+
+def qemu_argv(overlay: Path, seed_iso: Path, console_log: Path, qmp_socket: Path, forwards: Forwards,
+              memory_mb: int, cpus: int, layout: ServeLayout = LAYOUT) -> list[str]:
+    # TCG: KVM is not always there (nested, containers); restrict=on: the guest reaches nothing outside,
+    # and only the forwards below, each on 127.0.0.1, reach it.
+    fwd = (f"hostfwd=tcp:127.0.0.1:{forwards.ssh}-:{SSH_PORT},"
+           f"hostfwd=tcp:127.0.0.1:{forwards.public}-:{layout.public_port},"
+           f"hostfwd=tcp:127.0.0.1:{forwards.health}-:{layout.health_port}")
+    return [
+        "qemu-system-x86_64", "-machine", "q35", "-accel", "tcg,thread=multi", "-cpu", "max",
+        "-smp", str(cpus), "-m", str(memory_mb), "-display", "none", "-vga", "none", "-monitor", "none",
+        "-serial", f"file:{console_log}", "-qmp", f"unix:{qmp_socket},server=on,wait=off",
+        "-drive", f"file={overlay},if=virtio,format=qcow2,discard=unmap",
+        "-drive", f"file={seed_iso},if=virtio,format=raw,readonly=on",
+        "-netdev", f"user,id=net0,restrict=on,{fwd}", "-device", "virtio-net-pci,netdev=net0",
+        "-no-reboot",
+    ]
+
+
+@dataclass(frozen=True)
+class Listener:
+    proto: str  # tcp | udp
+    address: str
+    port: int
+    process: str
+
+
+def parse_ss(text: str) -> list[Listener]:
+    """`ss -Hltunp` lines: Netid State Recv-Q Send-Q Local:Port Peer:Port [users:(("name",pid=..,fd=..))]."""
+    out = []
+    for line in text.splitlines():
+        cols = line.split()
+        if len(cols) < 5 or cols[0] not in ("tcp", "udp"):
+            continue
+        address, _, port = cols[4].rpartition(":")
+        address = address.strip("[]").split("%")[0]
+        process = cols[6].split('"')[1] if len(cols) > 6 and '"' in cols[6] else ""
+        if port.isdigit():
+            out.append(Listener(cols[0], address, int(port), process))
+    return out
+
+
+def _is_local(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def unexpected_listeners(listeners: list[Listener], instance_ports: set[int],
+                         layout: ServeLayout = LAYOUT) -> list[Listener]:
+    local_tcp = {layout.router_port, layout.router_metrics_port, layout.health_port, *instance_ports}
+    bad = []
+    for s in listeners:
+        if _is_local(s.address):
+            ok = (s.port in local_tcp or (s.port >= EPHEMERAL_FROM and s.process.startswith(("python", "VLLM")))
+                  if s.proto == "tcp" else s.port in LOCAL_UDP)
+        else:
+            ok = s.port in (PUBLIC_TCP | {layout.public_port}) if s.proto == "tcp" else s.port in PUBLIC_UDP
+        if not ok:
+            bad.append(s)
+    return bad
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Observed:
+    """What the smoke test collected from the booted machine."""
+    cloud_init_result: dict[str, Any] | None = None
+    cloud_init_status: str = ""
+    agent_status: dict[str, Any] | None = None
+    listeners: list[Listener] = field(default_factory=list)
+    public_unauthorized: int | None = None  # HTTP status of the public endpoint without a key, from the host
+    health_from_outside: str = ""  # what the forwarded health port did from the host
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+def judge(seen: Observed, profile: str) -> list[Check]:
+    checks = []
+    errors = (seen.cloud_init_result or {}).get("v1", {}).get("errors")
+    done = "status: done" in seen.cloud_init_status
+    checks.append(Check("cloud-init finished without errors", done and errors == [],
+                        f"{seen.cloud_init_status.splitlines()[0] if seen.cloud_init_status else 'no status'}; "
+                        f"errors: {errors}"))
+    status = seen.agent_status or {}
+    phase = status.get("phase")
+    checks.append(Check("the agent started at boot", phase in AGENT_STARTED, f"phase: {phase}"))
+    plan = status.get("plan") or {}
+    choice = status.get("choice") or {}
+    chosen = (choice.get("values") or {}).get("objective")
+    checks.append(Check("the agent serves the choice the user-data made",
+                        plan.get("profile") == profile and chosen == OBJECTIVE,
+                        f"plan: {plan.get('profile')} ({len(plan.get('instances', []))} instance(s)), objective "
+                        f"{chosen}; profile from: {(choice.get('origins') or {}).get('profile', 'unknown')}"))
+    ports = {int(i["port"]) for i in plan.get("instances", []) if "port" in i}
+    bad = unexpected_listeners(seen.listeners, ports)
+    shown = ", ".join(f"{s.proto} {s.address}:{s.port} ({s.process or '?'})" for s in bad)
+    checks.append(Check("only the documented ports listen", bool(seen.listeners) and not bad,
+                        shown or f"{len(seen.listeners)} listening sockets, all documented"))
+    checks.append(Check("the public endpoint asks for the API key", seen.public_unauthorized == 401,
+                        f"HTTP {seen.public_unauthorized} without a key"))
+    checks.append(Check("the health endpoint is not reachable from outside", seen.health_from_outside != "answered",
+                        seen.health_from_outside))
+    return checks
+
+
+def report_dict(checks: list[Check], seen: Observed) -> dict[str, Any]:
+    return {"ok": all(c.ok for c in checks), "checks": [c.__dict__ for c in checks],
+            "timings_s": {k: round(v, 1) for k, v in seen.timings_s.items()},
+            "phase": (seen.agent_status or {}).get("phase"),
+            "plan": (seen.agent_status or {}).get("plan"),
+            "listeners": [s.__dict__ for s in seen.listeners]}
+
+
+def dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2)

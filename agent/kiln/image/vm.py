@@ -1,0 +1,214 @@
+"""`kiln image smoke`, the shell half: boot an overlay of the image under QEMU with a NoCloud seed, ask
+the machine over SSH what it did, power it off. Every process it starts ends with it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from kiln.image import smoke
+from kiln.image.progress import Progress
+from kiln.image.system import BuildError
+
+TOOLS = ("qemu-system-x86_64", "qemu-img", "genisoimage", "ssh", "ssh-keygen")
+STEPS = 5
+KILN = "/opt/kiln/venv/bin/kiln"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Guest:
+    """A booted VM reached over its forwarded SSH port."""
+    key: Path
+    port: int
+
+    def ssh(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        argv = ["ssh", "-i", str(self.key), "-p", str(self.port), "-o", "BatchMode=yes",
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                "-o", "ConnectTimeout=10", f"{smoke.SMOKE_USER}@127.0.0.1", command]
+        try:
+            return subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(argv, 255, "", f"timed out after {timeout:.0f} s")
+
+
+@dataclass
+class SmokeTest:
+    image: Path
+    profile: str
+    timeout_s: float = 900
+    memory_mb: int = 4096
+    cpus: int = 2
+    keep: Path | None = None
+    progress: Progress | None = None
+
+    def run(self) -> tuple[list[smoke.Check], smoke.Observed]:
+        missing = [t for t in TOOLS if shutil.which(t) is None]
+        if missing:
+            raise BuildError(f"missing on this machine: {', '.join(missing)}",
+                             fix="apt-get install qemu-system-x86 qemu-utils genisoimage openssh-client")
+        if not self.image.is_file():
+            raise BuildError(f"no image at {self.image}", fix="build one with `kiln image build`")
+        progress = self.progress or Progress.for_stream(STEPS)
+        with tempfile.TemporaryDirectory(prefix="kiln-smoke-") as tmp:
+            work = Path(tmp)
+            try:
+                return self._run(work, progress)
+            finally:
+                if self.keep:
+                    self.keep.mkdir(parents=True, exist_ok=True)
+                    for name in ("console.log", "user-data", "cloud-init.log", "agent.journal"):
+                        if (work / name).exists():
+                            shutil.copy(work / name, self.keep / name)
+
+    def _run(self, work: Path, progress: Progress) -> tuple[list[smoke.Check], smoke.Observed]:
+        deadline = time.monotonic() + self.timeout_s
+        seen = smoke.Observed()
+        progress.step("seed and overlay")
+        overlay, seed, key = self._prepare(work)
+        forwards = smoke.Forwards(ssh=free_port(), public=free_port(), health=free_port())
+        console = work / "console.log"
+        qmp = work / "qmp.sock"
+        argv = smoke.qemu_argv(overlay, seed, console, qmp, forwards, self.memory_mb, self.cpus)
+        progress.step(f"boot under QEMU (TCG), SSH on 127.0.0.1:{forwards.ssh}")
+        with _running(argv, work / "qemu.log") as qemu:
+            started = time.monotonic()
+            guest = Guest(key, forwards.ssh)
+            _wait(progress, "SSH", deadline, qemu, console, lambda: guest.ssh("true", timeout=30).returncode == 0)
+            seen.timings_s["ssh_s"] = time.monotonic() - started
+
+            progress.step("cloud-init and the kiln agent")
+            waited = guest.ssh("cloud-init status --wait --long", timeout=max(30.0, deadline - time.monotonic()))
+            seen.cloud_init_status = waited.stdout.strip() or waited.stderr.strip()
+            seen.timings_s["cloud_init_s"] = time.monotonic() - started
+            result = guest.ssh("sudo cat /run/cloud-init/result.json")
+            seen.cloud_init_result = _json(result.stdout)
+
+            def agent_reports_plan() -> bool:
+                seen.agent_status = _json(guest.ssh(f"sudo {KILN} status --json", timeout=60).stdout)
+                status = seen.agent_status or {}
+                return status.get("phase") in (*smoke.AGENT_STARTED, "failed") and bool(status.get("plan"))
+
+            _wait(progress, "the agent's plan on its health endpoint", deadline, qemu, console, agent_reports_plan)
+            seen.timings_s["agent_plan_s"] = time.monotonic() - started
+
+            progress.step("listening ports, the public endpoint from outside")
+            seen.listeners = smoke.parse_ss(guest.ssh("sudo ss -Hltunp").stdout)
+            seen.public_unauthorized = _http_status(f"http://127.0.0.1:{forwards.public}/v1/models")
+            seen.health_from_outside = _reach(f"http://127.0.0.1:{forwards.health}/health")
+            (work / "cloud-init.log").write_text(guest.ssh("sudo cat /var/log/cloud-init.log").stdout)
+            (work / "agent.journal").write_text(guest.ssh("sudo journalctl -b -u 'kiln*' --no-pager").stdout)
+
+            progress.step("power off")
+            seen.timings_s["poweroff_s"] = _power_off(qemu, qmp)
+        return smoke.judge(seen, self.profile), seen
+
+    def _prepare(self, work: Path) -> tuple[Path, Path, Path]:
+        overlay = work / "overlay.qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(self.image.resolve()), "-F", "qcow2",
+                        str(overlay), "24G"], check=True)
+        key = work / "id_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "kiln-smoke", "-f", str(key)], check=True)
+        seed_dir = work / "seed"
+        seed_dir.mkdir()
+        user_data = smoke.user_data(self.profile, (work / "id_ed25519.pub").read_text())
+        (seed_dir / "user-data").write_text(user_data)
+        (work / "user-data").write_text(user_data)
+        (seed_dir / "meta-data").write_text(smoke.meta_data(f"kiln-smoke-{uuid.uuid4().hex[:8]}"))
+        seed = work / "seed.iso"
+        subprocess.run(["genisoimage", "-quiet", "-output", str(seed), "-volid", "cidata", "-joliet", "-rock",
+                        str(seed_dir / "user-data"), str(seed_dir / "meta-data")], check=True)
+        return overlay, seed, key
+
+
+@contextlib.contextmanager
+def _running(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        time.sleep(1)
+        if proc.poll() is not None:
+            raise BuildError(f"QEMU exited at once: {log.read_text()[-2000:]}")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _wait(progress: Progress, what: str, deadline: float, qemu: subprocess.Popen[bytes], console: Path,
+          check: Callable[[], bool]) -> None:
+    while time.monotonic() < deadline:
+        if qemu.poll() is not None:
+            raise BuildError(f"the VM stopped while waiting for {what}; console:\n{_tail(console)}")
+        if check():
+            return
+        progress.line(f"==> waiting for {what}; console: {_tail(console, 1)}")
+        time.sleep(5)
+    raise BuildError(f"timed out waiting for {what}; console:\n{_tail(console)}")
+
+
+def _power_off(qemu: subprocess.Popen[bytes], qmp: Path, timeout_s: float = 180) -> float:
+    """ACPI power button through QMP, as a cloud's "power off" does; the guest shuts down cleanly."""
+    started = time.monotonic()
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(qmp))
+        s.recv(4096)
+        for command in ("qmp_capabilities", "system_powerdown"):
+            s.sendall(json.dumps({"execute": command}).encode() + b"\n")
+            s.recv(4096)
+    try:
+        qemu.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise BuildError(f"the VM did not power off within {timeout_s:.0f} s") from exc
+    return time.monotonic() - started
+
+
+def _http_status(url: str) -> int | None:
+    try:
+        return requests.get(url, timeout=15).status_code
+    except requests.RequestException:
+        return None
+
+
+def _reach(url: str) -> str:
+    try:
+        requests.get(url, timeout=10)
+    except requests.RequestException as exc:
+        return f"refused ({type(exc).__name__})"
+    return "answered"
+
+
+def _json(text: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(line.strip() for line in text.splitlines()[-lines:])
