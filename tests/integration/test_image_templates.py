@@ -3,8 +3,10 @@ targets (the DigitalOcean one with a fake token), ansible-lint and ansible-playb
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,20 @@ def test_the_playbook_parses() -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(REPO), "ANSIBLE_ROLES_PATH": str(REPO / "roles")}
     result = run([tool("ansible-playbook"), "--syntax-check", "-i", "localhost,", "image/playbook.yml"], env=env)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_kiln_validates_the_digitalocean_build_with_a_fake_token(tmp_path: Path) -> None:
+    kiln = str(Path(sys.executable).parent / "kiln")
+    env = {**os.environ, "DIGITALOCEAN_TOKEN": "fake-token-for-validate", "HOME": str(tmp_path)}
+    result = run([kiln, "image", "build", "--target", "digitalocean", "--validate", "--out", str(tmp_path)], env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[2/2] packer validate" in result.stderr and "template valid" in result.stderr
+    assert list((tmp_path / "dist").glob("kiln-*.whl")), "the build's wheel is not there"
+
+
+def test_kiln_says_the_token_is_missing_before_building() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DIGITALOCEAN_TOKEN"}
+    kiln = str(Path(sys.executable).parent / "kiln")
+    result = run([kiln, "image", "build", "--target", "digitalocean"], env=env)
+    assert result.returncode == 2
+    assert "DIGITALOCEAN_TOKEN is not set" in result.stderr and "fix: export DIGITALOCEAN_TOKEN=" in result.stderr

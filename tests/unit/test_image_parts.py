@@ -6,10 +6,11 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from kiln.choice.userdata import extract_settings
-from kiln.image import recipe, smoke
+from kiln.image import local, recipe, smoke
 from kiln.image.progress import Progress
 
 ROOTFS = Path("/build/rootfs")
@@ -151,3 +152,17 @@ def test_progress_shows_milestones_not_every_line() -> None:
     text = out.getvalue()
     assert "[1/2] roles" in text and "TASK [vllm : Install vLLM]" in text and "I: extracting archives" in text
     assert "ok: [/rootfs]" not in text and "noise" not in text and "in all)" in text
+
+
+def test_the_work_folder_is_never_removed_through_a_mount(tmp_path: Path) -> None:
+    assert "/proc" in local._mounts_under(Path("/"))
+    assert local._mounts_under(tmp_path) == []
+    (tmp_path / "work" / "rootfs").mkdir(parents=True)
+    local._remove_work(tmp_path / "work")
+    assert not (tmp_path / "work").exists()
+
+
+def test_the_wheelhouses_offered_are_existing_local_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_FIND_LINKS", f"{tmp_path} https://example.invalid/wheels {tmp_path / 'missing'}")
+    assert tmp_path in local.pip_wheelhouses()
+    assert all(p.is_dir() for p in local.pip_wheelhouses())

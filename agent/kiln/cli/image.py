@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,10 @@ def add_parsers(sub: Any) -> None:
     smoke.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def cmd_image(kiln: Kiln, args: argparse.Namespace) -> int:
     if args.action == "smoke":
         return _smoke(args)
@@ -68,6 +73,8 @@ def cmd_image(kiln: Kiln, args: argparse.Namespace) -> int:
     image = recipe.LocalImage(name="kiln", version=args.version, disk_gb=args.disk_gb,
                               extra_vars=dict(args.extra_var))
     wheelhouses = tuple(p.resolve() for p in args.wheelhouse) if args.wheelhouse else local.pip_wheelhouses()
+    # SIGTERM unwinds like Ctrl-C, so the build unmounts and detaches what it set up.
+    signal.signal(signal.SIGTERM, _interrupt)
     result = local.LocalBuild(repo, args.out.resolve(), image, ansible, wheelhouses).run()
     if args.json:
         print_json(result.as_dict())

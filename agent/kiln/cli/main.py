@@ -198,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_json(exc.as_dict())
         print(f"kiln: {exc.message()}", file=sys.stderr)
         return EXIT_REFUSED
+    except KeyboardInterrupt:
+        print("kiln: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # the reader went away (`kiln plan --json | head`): nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -168,7 +168,7 @@ def pip_wheelhouses() -> tuple[Path, ...]:
 
 
 def _mounts_under(path: Path) -> list[str]:
-    prefix = str(path.resolve())
+    prefix = str(path.resolve()).rstrip("/")
     with open("/proc/self/mounts") as f:
         points = [line.split()[1].replace("\\040", " ") for line in f]
     return [p for p in points if p == prefix or p.startswith(prefix + "/")]

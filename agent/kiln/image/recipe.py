@@ -37,13 +37,12 @@ GRUB_CMDLINE_LINUX="console=tty0 console=ttyS0,115200n8 net.ifnames=0"
 GRUB_TERMINAL="console serial"
 GRUB_SERIAL_COMMAND="serial --speed=115200"
 """
-# With net.ifnames=0 the first NIC is eth0; cloud-init rewrites this from the datasource's network config.
+# Loopback only: cloud-init's ENI renderer writes the NIC's stanza into interfaces.d at first boot (DHCP
+# on the first NIC, eth0 with net.ifnames=0, unless the datasource gives a network config).
 INTERFACES = """\
 source /etc/network/interfaces.d/*
 auto lo
 iface lo inet loopback
-auto eth0
-iface eth0 inet dhcp
 """
 # Package scripts in a chroot must not start daemons on the build machine.
 POLICY_RC_D = "#!/bin/sh\n# kiln image build: no daemons start inside the build chroot\nexit 101\n"

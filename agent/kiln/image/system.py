@@ -39,11 +39,20 @@ class Host:
                 proc.stdin.close()
             assert proc.stdout is not None
             lines: list[str] = []
-            for line in proc.stdout:
-                log.write(line)
-                lines.append(line)
-                del lines[:-40]
-                self.progress.line(line)
+            try:
+                for line in proc.stdout:
+                    log.write(line)
+                    lines.append(line)
+                    del lines[:-40]
+                    self.progress.line(line)
+            except BaseException:  # interrupted: the command stops before the caller unmounts under it
+                proc.terminate()
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                raise
             code = proc.wait()
         if code != 0:
             tail = "".join(lines[-15:]).rstrip()

@@ -156,12 +156,15 @@ def _running(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 def _wait(progress: Progress, what: str, deadline: float, qemu: subprocess.Popen[bytes], console: Path,
           check: Callable[[], bool]) -> None:
+    shown = 0.0
     while time.monotonic() < deadline:
         if qemu.poll() is not None:
             raise BuildError(f"the VM stopped while waiting for {what}; console:\n{_tail(console)}")
         if check():
             return
-        progress.line(f"==> waiting for {what}; console: {_tail(console, 1)}")
+        if progress.live or time.monotonic() - shown >= 30:  # a log gets a line every 30 s, a terminal more
+            progress.line(f"==> waiting for {what}; console: {_tail(console, 1)}")
+            shown = time.monotonic()
         time.sleep(5)
     raise BuildError(f"timed out waiting for {what}; console:\n{_tail(console)}")
 
