@@ -61,6 +61,8 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 
 def cmd_image(kiln: Kiln, args: argparse.Namespace) -> int:
+    # SIGTERM unwinds like Ctrl-C: the build unmounts what it set up, the smoke test stops its VM.
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.action == "smoke":
         return _smoke(args)
     repo = (args.repo or find_repo()).resolve()
@@ -73,8 +75,6 @@ def cmd_image(kiln: Kiln, args: argparse.Namespace) -> int:
     image = recipe.LocalImage(name="kiln", version=args.version, disk_gb=args.disk_gb,
                               extra_vars=dict(args.extra_var))
     wheelhouses = tuple(p.resolve() for p in args.wheelhouse) if args.wheelhouse else local.pip_wheelhouses()
-    # SIGTERM unwinds like Ctrl-C, so the build unmounts and detaches what it set up.
-    signal.signal(signal.SIGTERM, _interrupt)
     result = local.LocalBuild(repo, args.out.resolve(), image, ansible, wheelhouses).run()
     if args.json:
         print_json(result.as_dict())

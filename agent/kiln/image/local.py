@@ -19,6 +19,7 @@ from kiln.image.system import BuildError, Host
 
 STEPS = 6
 TOOLS = ("mmdebstrap", "qemu-img", "sfdisk", "losetup", "partx", "mkfs.ext4", "mount", "chroot")
+MOUNT_POINTS = ("boot", "dev", "proc", "run", "sys", "tmp")  # what systemd mounts over at boot
 CA_CANDIDATES = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 
 
@@ -107,11 +108,15 @@ class LocalBuild:
             host.run(recipe.playbook_argv(self.ansible_playbook, self.repo, rootfs, wheel, self.image, env),
                      env=recipe.playbook_env(self.repo, os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")),
                      inherit_env=False)
-        shutil.rmtree(mount.parent, ignore_errors=True) if not _mounts_under(mount.parent) else None
+        if not _mounts_under(mount):
+            shutil.rmtree(mount)
         policy.unlink()
         resolv.unlink()  # dhclient writes it at boot
 
     def _make_disk(self, host: Host, rootfs: Path, raw: Path) -> None:
+        missing = [d for d in MOUNT_POINTS if not (rootfs / d).is_dir()]
+        if missing:
+            raise BuildError(f"the root file system lacks {', '.join(missing)}; systemd could not boot it")
         with raw.open("wb") as f:
             f.truncate(self.image.disk_gb * 2**30)
         host.run(["sfdisk", "--quiet", str(raw)], stdin=recipe.PARTITION_TABLE)
@@ -121,13 +126,19 @@ class LocalBuild:
             with contextlib.ExitStack() as mounts:
                 mounts.enter_context(host.mounted(part, mnt))
                 host.run(["cp", "-a", f"{rootfs}/.", str(mnt)])
-                for fs in ("dev", "proc", "sys"):
+                for fs in ("proc", "sys"):
                     mounts.enter_context(host.mounted(f"/{fs}", mnt / fs, "--bind"))
+                # A /dev of its own: GRUB writes root=UUID=... only when /dev/disk/by-uuid shows the file
+                # system, which a machine without udev (a container) never does; else root=/dev/loopNp1.
+                mounts.enter_context(host.mounted("tmpfs", mnt / "dev", "-t", "tmpfs", "-o", "mode=0755"))
+                uuid = host.run(["blkid", "-s", "UUID", "-o", "value", part]).strip()
+                _populate_dev(mnt / "dev", disk, part, uuid)
                 host.run(["chroot", str(mnt), *recipe.grub_install_argv(disk)])
                 host.run(["chroot", str(mnt), "update-grub"])
                 grub_cfg = (mnt / "boot/grub/grub.cfg").read_text()
-                if "vmlinuz" not in grub_cfg:
-                    raise BuildError("update-grub found no kernel; the image would not boot")
+                if "vmlinuz" not in grub_cfg or f"root=UUID={uuid}" not in grub_cfg:
+                    raise BuildError("update-grub wrote no kernel entry with root=UUID=...; the image would not "
+                                     f"boot (see {mnt / 'boot/grub/grub.cfg'})")
 
 
 def build_wheel(host: Host, repo: Path, dist: Path) -> Path:
@@ -136,6 +147,16 @@ def build_wheel(host: Host, repo: Path, dist: Path) -> Path:
     if not wheels:
         raise BuildError(f"pip built no kiln wheel in {dist}")
     return wheels[-1]
+
+
+def _populate_dev(dev: Path, disk: str, part: str, uuid: str) -> None:
+    """Device nodes GRUB needs in the chroot: the usual character devices, the loop disk and its partition,
+    and the by-uuid link for the root file system."""
+    for source in ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom", disk, part):
+        info = os.stat(source)
+        os.mknod(dev / Path(source).name, (info.st_mode & 0o170000) | 0o660, info.st_rdev)
+    (dev / "disk" / "by-uuid").mkdir(parents=True)
+    (dev / "disk" / "by-uuid" / uuid).symlink_to(f"../../{Path(part).name}")
 
 
 def _write_boot_files(rootfs: Path) -> None:

@@ -1,6 +1,6 @@
 """The DigitalOcean build: Packer's digitalocean builder runs the same playbook on a GPU Droplet and
-snapshots it. Packer is called directly, its output streamed line by line as progress (packer-py
-collects a build's output only once the build is over)."""
+snapshots it. Packer is called directly, its output streamed line by line as progress and into a log:
+python-packer takes a single template file, not an HCL2 folder, and its build() leaves no hook on the output."""
 
 from __future__ import annotations
 
