@@ -113,7 +113,7 @@ def _observed(**overrides: object) -> smoke.Observed:
         agent_status={"phase": "starting", "plan": {"profile": "tiny-cpu", "instances": [{"port": 8100}]},
                       "choice": {"values": {"profile": "tiny-cpu", "objective": "latency"},
                                  "origins": {"profile": "user-data (cloud-init)"}}},
-        listeners=smoke.parse_ss(SS), public_unauthorized=401, health_from_outside="refused (ConnectionError)")
+        listeners=smoke.parse_ss(SS), public_unauthorized=401, health_from_outside="no answer (ReadTimeout)")
     for key, value in overrides.items():
         setattr(seen, key, value)
     return seen

@@ -8,11 +8,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # after the backend is chosen
-
 Levels = Sequence[Mapping[str, Any]]
 
 
@@ -36,6 +31,13 @@ def markdown_table(levels: Levels) -> str:
 
 def plot(series: Mapping[str, Levels], out: Path, title: str) -> list[Path]:
     """Two PNGs: output tokens/s against concurrency, and TTFT/TPOT p50 against output tokens/s."""
+    # Imported here: matplotlib costs every `kiln` command (the boot agent's too) a second and a cache folder.
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (after the backend is chosen)
+    from matplotlib.ticker import ScalarFormatter  # noqa: PLC0415
+
     paths = [out / "throughput_vs_concurrency.png", out / "latency_vs_throughput.png"]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     for name, levels in series.items():
@@ -43,7 +45,7 @@ def plot(series: Mapping[str, Levels], out: Path, title: str) -> list[Path]:
                 label=name)
     ax.set(xscale="log", xlabel="concurrent requests", ylabel="output tokens/s", title=f"{title}: throughput")
     ax.set_xticks([lv["concurrency"] for lv in next(iter(series.values()))])
-    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.get_xaxis().set_major_formatter(ScalarFormatter())
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

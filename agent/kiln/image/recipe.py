@@ -23,8 +23,11 @@ MIRRORS = (
 BASE_PACKAGES = (
     "systemd-sysv", "dbus", "linux-image-cloud-amd64", "grub-pc", "cloud-init", "cloud-guest-utils",
     "openssh-server", "sudo", "python3", "python3-apt", "ifupdown", "isc-dhcp-client", "ca-certificates",
-    "iproute2", "netbase", "procps",
+    "iproute2", "netbase", "procps", "locales",
 )
+# cloud-init sets LANG=en_US.UTF-8 at first boot (its cc_locale), which fails unless that locale exists.
+LOCALE_HOOK = 'echo "en_US.UTF-8 UTF-8" > "$1/etc/locale.gen" && chroot "$1" locale-gen'
+
 ROOT_LABEL = "root"
 FSTAB = f"LABEL={ROOT_LABEL} / ext4 defaults,errors=remount-ro 0 1\n"
 # Serial console first so `kiln image smoke` (and a cloud's serial log) sees the boot.
@@ -69,7 +72,7 @@ class LocalImage:
 def mmdebstrap_argv(image: LocalImage, rootfs: Path) -> list[str]:
     # The apt lists stay for the roles' apt tasks; image_cleanup removes them at the end.
     return ["mmdebstrap", "--variant=minbase", "--components=main", "--skip=cleanup/apt/lists",
-            "--include=" + ",".join(image.packages),
+            "--include=" + ",".join(image.packages), f"--customize-hook={LOCALE_HOOK}",
             SUITE, str(rootfs), *image.mirrors]
 
 

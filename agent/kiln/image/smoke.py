@@ -135,9 +135,10 @@ def judge(seen: Observed, profile: str) -> list[Check]:
     checks = []
     errors = (seen.cloud_init_result or {}).get("v1", {}).get("errors")
     done = "status: done" in seen.cloud_init_status
+    status_line = next((line for line in seen.cloud_init_status.splitlines() if line.startswith("status:")),
+                       "no status")  # `--wait` prints a line of dots first
     checks.append(Check("cloud-init finished without errors", done and errors == [],
-                        f"{seen.cloud_init_status.splitlines()[0] if seen.cloud_init_status else 'no status'}; "
-                        f"errors: {errors}"))
+                        f"{status_line}; errors: {errors}"))
     status = seen.agent_status or {}
     phase = status.get("phase")
     checks.append(Check("the agent started at boot", phase in AGENT_STARTED, f"phase: {phase}"))

@@ -25,6 +25,7 @@ from kiln.image.system import BuildError
 TOOLS = ("qemu-system-x86_64", "qemu-img", "genisoimage", "ssh", "ssh-keygen")
 STEPS = 5
 KILN = "/opt/kiln/venv/bin/kiln"
+KEPT = ("console.log", "user-data", "cloud-init.log", "cloud-init-result.json", "agent.journal")  # with --keep
 
 
 def free_port() -> int:
@@ -74,7 +75,7 @@ class SmokeTest:
             finally:
                 if self.keep:
                     self.keep.mkdir(parents=True, exist_ok=True)
-                    for name in ("console.log", "user-data", "cloud-init.log", "agent.journal"):
+                    for name in KEPT:
                         if (work / name).exists():
                             shutil.copy(work / name, self.keep / name)
 
@@ -99,6 +100,7 @@ class SmokeTest:
             seen.cloud_init_status = waited.stdout.strip() or waited.stderr.strip()
             seen.timings_s["cloud_init_s"] = time.monotonic() - started
             result = guest.ssh("sudo cat /run/cloud-init/result.json")
+            (work / "cloud-init-result.json").write_text(result.stdout + result.stderr)
             seen.cloud_init_result = _json(result.stdout)
 
             def agent_reports_plan() -> bool:
@@ -197,7 +199,7 @@ def _reach(url: str) -> str:
     try:
         requests.get(url, timeout=10)
     except requests.RequestException as exc:
-        return f"refused ({type(exc).__name__})"
+        return f"no answer ({type(exc).__name__})"
     return "answered"
 
 

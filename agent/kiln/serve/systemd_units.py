@@ -6,6 +6,7 @@ one command this adapter runs."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -21,7 +22,9 @@ Run = Callable[[list[str]], subprocess.CompletedProcess[str]]
 
 
 def run_systemctl(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["systemctl", *argv], capture_output=True, text=True, check=False, timeout=60)
+    # Without NOTIFY_SOCKET: only the agent itself may speak sd_notify for kiln-agent.service.
+    env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+    return subprocess.run(["systemctl", *argv], capture_output=True, text=True, check=False, timeout=60, env=env)
 
 
 def unit_of(name: str) -> str:
