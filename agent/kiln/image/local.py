@@ -18,7 +18,7 @@ from kiln.image.progress import Progress
 from kiln.image.system import BuildError, Host
 
 STEPS = 6
-TOOLS = ("mmdebstrap", "qemu-img", "sfdisk", "losetup", "partx", "mkfs.ext4", "mount", "chroot")
+TOOLS = ("mmdebstrap", "qemu-img", "sfdisk", "losetup", "partx", "mkfs.ext4", "blkid", "mount", "chroot")
 MOUNT_POINTS = ("boot", "dev", "proc", "run", "sys", "tmp")  # what systemd mounts over at boot
 CA_CANDIDATES = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 
