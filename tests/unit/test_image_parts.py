@@ -122,7 +122,7 @@ def _observed(**overrides: object) -> smoke.Observed:
 def test_a_healthy_boot_passes_every_check() -> None:
     checks = smoke.judge(_observed(), "tiny-cpu")
     assert [c.name for c in checks if not c.ok] == []
-    assert len(checks) == 6
+    assert len(checks) == 7
 
 
 def test_each_failure_is_reported_by_its_check() -> None:
@@ -138,6 +138,8 @@ def test_each_failure_is_reported_by_its_check() -> None:
     assert failed(_observed(public_unauthorized=200)) == ["the public endpoint asks for the API key"]
     assert failed(_observed(health_from_outside="answered")) == ["the health endpoint is not reachable from outside"]
     assert failed(_observed(listeners=[])) == ["only the documented ports listen"]
+    assert failed(_observed(unwritable_for_instances=["/var/lib/kiln"])) == [
+        "the instances' user can write its state and caches"]
     report = smoke.report_dict(smoke.judge(_observed(), "tiny-cpu"), _observed())
     assert report["ok"] is True and report["phase"] == "starting"
 

@@ -22,6 +22,8 @@ LOCAL_UDP = {323}
 EPHEMERAL_FROM = 32768  # Linux's ip_local_port_range: vLLM's engine sockets bind there on localhost
 AGENT_STARTED = ("starting", "ready", "degraded")
 LAYOUT = ServeLayout()  # the image's documented ports
+INSTANCE_USER = "kiln"  # kiln-vllm@.service's User=
+STATE_DIRS = ("/var/lib/kiln", "/var/lib/kiln/huggingface")  # HOME (vLLM, torch, Triton caches) and HF_HOME
 OBJECTIVE = "latency"  # not the default (throughput), so the plan shows the user-data was read
 
 
@@ -128,6 +130,7 @@ class Observed:
     listeners: list[Listener] = field(default_factory=list)
     public_unauthorized: int | None = None  # HTTP status of the public endpoint without a key, from the host
     health_from_outside: str = ""  # what the forwarded health port did from the host
+    unwritable_for_instances: list[str] = field(default_factory=list)  # state folders the kiln user cannot write
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -154,6 +157,9 @@ def judge(seen: Observed, profile: str) -> list[Check]:
     shown = ", ".join(f"{s.proto} {s.address}:{s.port} ({s.process or '?'})" for s in bad)
     checks.append(Check("only the documented ports listen", bool(seen.listeners) and not bad,
                         shown or f"{len(seen.listeners)} listening sockets, all documented"))
+    checks.append(Check("the instances' user can write its state and caches", not seen.unwritable_for_instances,
+                        f"not writable by {INSTANCE_USER}: {', '.join(seen.unwritable_for_instances)}"
+                        if seen.unwritable_for_instances else f"{', '.join(STATE_DIRS)} writable by {INSTANCE_USER}"))
     checks.append(Check("the public endpoint asks for the API key", seen.public_unauthorized == 401,
                         f"HTTP {seen.public_unauthorized} without a key"))
     checks.append(Check("the health endpoint is not reachable from outside", seen.health_from_outside != "answered",

@@ -113,6 +113,9 @@ class SmokeTest:
 
             progress.step("listening ports, the public endpoint from outside")
             seen.listeners = smoke.parse_ss(guest.ssh("sudo ss -Hltunp").stdout)
+            seen.unwritable_for_instances = [
+                d for d in smoke.STATE_DIRS
+                if guest.ssh(f"sudo -u {smoke.INSTANCE_USER} test -w {d}").returncode != 0]
             seen.public_unauthorized = _http_status(f"http://127.0.0.1:{forwards.public}/v1/models")
             seen.health_from_outside = _reach(f"http://127.0.0.1:{forwards.health}/health")
             (work / "cloud-init.log").write_text(guest.ssh("sudo cat /var/log/cloud-init.log").stdout)
