@@ -112,11 +112,14 @@ class SmokeTest:
             seen.timings_s["agent_plan_s"] = time.monotonic() - started
 
             progress.step("listening ports, the public endpoint from outside")
+            # The agent reports its plan before it has started the front; wait for nginx to answer at all.
+            public = f"http://127.0.0.1:{forwards.public}/v1/models"
+            _wait(progress, "the public endpoint", deadline, qemu, console, lambda: _http_status(public) is not None)
+            seen.public_unauthorized = _http_status(public)
             seen.listeners = smoke.parse_ss(guest.ssh("sudo ss -Hltunp").stdout)
             seen.unwritable_for_instances = [
                 d for d in smoke.STATE_DIRS
                 if guest.ssh(f"sudo -u {smoke.INSTANCE_USER} test -w {d}").returncode != 0]
-            seen.public_unauthorized = _http_status(f"http://127.0.0.1:{forwards.public}/v1/models")
             seen.health_from_outside = _reach(f"http://127.0.0.1:{forwards.health}/health")
             (work / "cloud-init.log").write_text(guest.ssh("sudo cat /var/log/cloud-init.log").stdout)
             (work / "agent.journal").write_text(guest.ssh("sudo journalctl -b -u 'kiln*' --no-pager").stdout)
