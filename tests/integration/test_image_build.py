@@ -72,3 +72,26 @@ def test_the_image_boots_reads_user_data_and_serves_the_documented_ports(
     after = {p.pid for p in psutil.process_iter() if p.name().startswith("qemu-system")}
     assert after <= before, "a QEMU process outlived the smoke test"
     assert "Cloud-init" in (tmp_path / "console.log").read_text(errors="replace")
+
+
+def test_an_interrupted_build_unmounts_and_cleans_up(tmp_path: Path) -> None:
+    """SIGTERM while the roles run in the chroot (its /proc, /dev and bind mounts are up): the build stops the
+    play, unmounts everything and removes its work folder, so nothing of the host is left mounted or deleted."""
+    if os.geteuid() != 0:
+        pytest.fail("the local image build needs root (mmdebstrap, mounts, a loop device)")
+    proc = subprocess.Popen([KILN, "image", "build", "--out", str(tmp_path)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "TASK [base : Write kiln sysctl settings]" in line:
+            break
+    assert str(tmp_path) in Path("/proc/self/mounts").read_text(), "".join(seen[-20:])
+    proc.terminate()
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=180) == 130, rest
+    assert "kiln: interrupted" in rest and "build failed; log:" in rest
+    assert str(tmp_path) not in Path("/proc/self/mounts").read_text()
+    assert not list(tmp_path.glob(".work-*"))
+    assert Path("/dev/null").exists() and Path("/proc/self").exists()
