@@ -69,7 +69,8 @@ class Host:
 
     @contextlib.contextmanager
     def mounted(self, source: str, target: Path, *options: str) -> Iterator[Path]:
-        target.mkdir(parents=True, exist_ok=True) if not target.exists() else None
+        if not target.exists():
+            target.mkdir(parents=True)
         self.run(["mount", *options, source, str(target)])
         try:
             yield target
