@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pynvml
+import yaml
 
 from kiln import datafiles
-from kiln.hardware.detect import detect_fixture, detect_live, gpu_catalog
-from kiln.hardware.fixtures import fixture_names
+from kiln.doctor.checks import diagnose
+from kiln.doctor.facts import Needs, NvmlHealth, SystemFacts
+from kiln.doctor.probe import read_health
+from kiln.doctor.report import Report
+from kiln.doctor.stack import GpuStack
+from kiln.doctor.system import LiveSystem, RecordedSystem
+from kiln.hardware.detect import detect_fixture, detect_live, detect_recorded, gpu_catalog
+from kiln.hardware.fixtures import RecordedNvml, fixture_names, load_fixture
 from kiln.hardware.machine_file import machine_from_file
 from kiln.hardware.model import Machine
 from kiln.hardware.specs import GpuCatalog
@@ -21,12 +31,13 @@ from kiln.profiles.schema import Profile
 class Kiln:
     gpus: GpuCatalog
     constants: Constants
+    stack: GpuStack
     profile_dir: Path | None = None
 
     @classmethod
     def create(cls, profile_dir: Path | None = None) -> Kiln:
         return cls(gpus=gpu_catalog(), constants=Constants(datafiles.read_yaml("planner.yaml")),
-                   profile_dir=profile_dir)
+                   stack=GpuStack.model_validate(datafiles.read_yaml("gpu_stack.yaml")), profile_dir=profile_dir)
 
     def catalog(self) -> Catalog:
         return load_catalog(self.profile_dir or find_profile_dir(), self.gpus.specs)
@@ -39,6 +50,28 @@ class Kiln:
         if spec not in fixture_names() and (path.suffix in (".yaml", ".yml", ".json") or path.exists()):
             return machine_from_file(path, self.gpus)
         return detect_fixture(spec, self.gpus)
+
+    def _recording(self, spec: str) -> dict[str, Any] | None:
+        """A fixture's or recorded machine file's data (NVML answers and all); None for a plain machine file."""
+        if spec in fixture_names():
+            return load_fixture(spec)
+        data = yaml.safe_load(Path(spec).read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) and "nvml" in data else None
+
+    def doctor(self, spec: str | None, cache_dir: Path, needs: Needs | None = None) -> tuple[Machine, Report]:
+        """The pre-flight report for this machine (None) or a recorded one, against what the plan needs."""
+        model = needs.model if needs and needs.model_bytes is not None else None
+        recording = None if spec is None else self._recording(spec)
+        if spec is None:
+            machine, health = detect_live(self.gpus), read_health(pynvml)
+            system = LiveSystem().facts(cache_dir, model)
+        elif recording is not None:
+            machine, health = detect_recorded(recording, self.gpus), read_health(RecordedNvml(recording.get("nvml")))
+            system = RecordedSystem(recording).facts(cache_dir, model)
+        else:
+            machine, health = self.machine(spec), NvmlHealth()
+            system = SystemFacts(cache_dir=str(cache_dir), described=False)
+        return machine, diagnose(machine, health, system, self.stack, needs)
 
     def fixtures(self) -> list[Machine]:
         return [detect_fixture(name, self.gpus) for name in fixture_names()]

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import requests
 
 KILN = str(Path(sys.executable).parent / "kiln")
@@ -46,3 +47,40 @@ def test_an_unservable_choice_fails_on_the_health_endpoint_not_the_machine(tmp_p
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     assert "nothing to serve" in out and "Traceback" not in out
+
+
+def test_a_blocking_preflight_fails_with_the_fix_and_starts_no_vllm(tmp_path: Path) -> None:
+    """An H100 with the R570 driver: the plan is made, the doctor blocks it, and nothing is started."""
+    (tmp_path / "root" / "etc" / "kiln").mkdir(parents=True)
+    (tmp_path / "root" / "etc" / "kiln" / "kiln.yaml").write_text("profile: llama-3.1-8b-instruct\n")
+    machine = Path(__file__).resolve().parents[1] / "data" / "doctor" / "h100x1-old-driver.yaml"
+    health = "http://127.0.0.1:18291"
+    proc = subprocess.Popen([KILN, "agent", "run", "--machine", str(machine), "--root", str(tmp_path / "root"),
+                             "--state-dir", str(tmp_path / "state"), "--port", "18201", "--health-port", "18291",
+                             "--motd", str(tmp_path / "motd"), "--launcher", "process"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        status: dict[str, object] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and status.get("phase") != "failed":
+            with contextlib.suppress(requests.ConnectionError):
+                status = requests.get(f"{health}/status", timeout=2).json()
+            time.sleep(0.3)
+        assert status.get("phase") == "failed", status
+        error = status["last_error"]
+        assert isinstance(error, dict)
+        assert error["error"].startswith("pre-flight: driver: driver 570.133.20 is older than 580.65.06")
+        assert "nvidia-headless-580-server-open" in error["fix"]
+        doctor = status["doctor"]
+        assert isinstance(doctor, dict) and doctor["verdict"] == "blocked"
+        assert psutil.Process(proc.pid).children(recursive=True) == []
+        assert not (tmp_path / "state" / "runtime.json").exists()
+        assert not (tmp_path / "state" / "plan.json").exists()
+        assert requests.get(f"{health}/ready", timeout=2).status_code == 503
+        motd = (tmp_path / "motd").read_text()
+        assert motd.startswith("kiln: NOT SERVING: driver: driver 570.133.20") and "kiln doctor" in motd
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "pre-flight: driver: driver 570.133.20 is older" in out and "Traceback" not in out

@@ -13,7 +13,7 @@ def run(*cmd: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff() -> None:
-    result = run("ruff", "check", "agent", "tests", "benchmarks")
+    result = run("ruff", "check", "agent", "tests", "benchmarks", "roles")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

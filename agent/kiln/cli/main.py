@@ -14,7 +14,7 @@ from kiln.choice.resolve import resolve_choice
 from kiln.choice.schema import Choice, validate_fields
 from kiln.choice.select import select_profile
 from kiln.choice.sources import SourceReader
-from kiln.cli import bench, image, serving
+from kiln.cli import bench, doctor, image, serving
 from kiln.cli.output import print_json, table
 from kiln.cli.views import machine_dict, machine_text, plan_dict, plan_text, profile_row
 from kiln.errors import KilnError
@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     choice.add_argument("--root", type=Path, default=Path("/"), help="read the sources under this folder")
     _add_json(choice)
     serving.add_parsers(sub)
+    doctor.add_parsers(sub)
     bench.add_parsers(sub)
     image.add_parsers(sub)
     return parser
@@ -185,7 +186,7 @@ def cmd_choice(kiln: Kiln, args: argparse.Namespace) -> int:
 
 COMMANDS = {"detect": cmd_detect, "profiles": cmd_profiles, "plan": cmd_plan, "choice": cmd_choice,
             "agent": serving.cmd_agent, "up": serving.cmd_up, "status": serving.cmd_status, "bench": bench.cmd_bench,
-            "image": image.cmd_image}
+            "image": image.cmd_image, "doctor": doctor.cmd_doctor}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -197,6 +197,11 @@ def status_text(s: dict[str, Any], key: str) -> str:
                               g["temperature_c"], g["power_w"]] for g in gpus])]
     if plan.get("explanation"):
         lines += ["", "why: " + plan["explanation"]]
+    doctor = s.get("doctor") or {}
+    if doctor:
+        lines += ["", f"pre-flight {doctor.get('verdict')} (`kiln doctor` for the full report)"]
+        lines += [f"  {c['status'].upper()} {c['check']}: {c['detail']}\n    fix: {c.get('fix', '')}"
+                  for c in doctor.get("checks", []) if c["status"] in ("warn", "fail")]
     err = s.get("last_error")
     if err:
         lines += ["", f"last error: {err['error']}", f"  fix: {err['fix']}"]

@@ -17,6 +17,9 @@ import yaml
 from kiln import datafiles
 from kiln.errors import NotFoundError
 
+# nvmlDeviceGetP2PStatus's caps index -> the fixture key holding that row of answers.
+P2P_KEYS = {0: "nvmlDeviceGetP2PStatus_READ", pynvml.NVML_P2P_CAPS_INDEX_NVLINK: "nvmlDeviceGetP2PStatus_NVLINK"}
+
 
 def _answer(value: Any) -> Any:
     """A recorded value, or the NVML error it was recorded as."""
@@ -107,9 +110,53 @@ class RecordedNvml:
         return int(links[link])
 
     def nvmlDeviceGetP2PStatus(self, handle1: int, handle2: int, caps_index: int) -> int:
-        if caps_index != pynvml.NVML_P2P_CAPS_INDEX_NVLINK:
+        key = P2P_KEYS.get(caps_index)
+        if key is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return int(self._get(handle1, "nvmlDeviceGetP2PStatus_NVLINK")[handle2])
+        return int(self._get(handle1, key)[handle2])
+
+    # Health, read by `kiln doctor`.
+    def nvmlDeviceGetPersistenceMode(self, handle: int) -> int:
+        return int(self._get(handle, "nvmlDeviceGetPersistenceMode"))
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, error_type: int, counter_type: int) -> int:
+        if (error_type, counter_type) != (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(self._get(handle, "nvmlDeviceGetTotalEccErrors_UNCORRECTED_VOLATILE"))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: int) -> int:
+        return int(self._get(handle, "nvmlDeviceGetRetiredPagesPendingStatus"))
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:
+        corr, unc, pending, failure = self._get(handle, "nvmlDeviceGetRemappedRows")
+        return int(corr), int(unc), int(pending), int(failure)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: int) -> int:
+        return int(self._get(handle, "nvmlDeviceGetCurrPcieLinkGeneration"))
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> int:
+        return int(self._get(handle, "nvmlDeviceGetMaxPcieLinkGeneration"))
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, handle: int) -> int:
+        return int(self._get(handle, "nvmlDeviceGetGpuMaxPcieLinkGeneration"))
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: int) -> int:
+        return int(self._get(handle, "nvmlDeviceGetCurrPcieLinkWidth"))
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> int:
+        return int(self._get(handle, "nvmlDeviceGetMaxPcieLinkWidth"))
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
+        return int(self._get(handle, "nvmlDeviceGetCurrentClocksEventReasons"))
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: int, info: Any) -> int:
+        """Fills the c_nvmlGpuFabricInfo_t passed by reference, as the C call does."""
+        recorded = self._get(handle, "nvmlDeviceGetGpuFabricInfo")
+        target = getattr(info, "_obj", info)  # ctypes.byref(struct) keeps the struct in _obj
+        target.state = int(recorded["state"])
+        target.status = int(recorded["status"])
+        target.cliqueId = int(recorded.get("cliqueId", 0))
+        return int(pynvml.NVML_SUCCESS)
 
     def nvmlDeviceGetTopologyCommonAncestor(self, handle1: int, handle2: int) -> int:
         return int(self._get(handle1, "nvmlDeviceGetTopologyCommonAncestor")[handle2])

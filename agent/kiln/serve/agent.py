@@ -20,6 +20,8 @@ import requests
 from kiln import datafiles
 from kiln.bench.client import Target, VllmBench
 from kiln.choice.resolve import ResolvedChoice
+from kiln.doctor.needs import needs_of
+from kiln.doctor.report import Report
 from kiln.errors import KilnError
 from kiln.render.systemd import instance_dropin
 from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime, vllm_python
@@ -43,6 +45,8 @@ from kiln.wiring import Kiln
 
 log = logging.getLogger("kiln.agent")
 METER_INTERVAL_S = 5.0
+DOCTOR_WAIT_S = 120.0  # how long a transient pre-flight failure (a fabric still being set up) may take to clear
+DOCTOR_RETRY_S = 5.0
 QUEUE_FACTOR = 2  # requests in flight per instance slot: one running batch and one waiting
 
 
@@ -142,10 +146,15 @@ class Agent:
         state.choice = decision.choice_report()
         self._report_problems(decision)
         if decision.failure or not decision.plan:
+            if decision.machine is not None:  # what the machine itself says, beside why nothing can be planned
+                self.state.doctor = self.kiln.doctor(options.machine, layout.state_dir / "huggingface")[1].as_dict()
             what, fix = decision.failure or ("no plan", "")
             state.fail(what, fix, fatal=True)
+            self._write_motd_failure(what, fix)
             log.error("nothing to serve: %s (fix: %s)", what, fix)
             sd_notify(f"STATUS=failed: {what}")
+            return
+        if not self._preflight(decision):
             return
         self.decision = decision
         state.plan = decision.plan_report()
@@ -163,6 +172,34 @@ class Agent:
         state.set_phase(STARTING_PHASE)
         self.supervisor.start()
         sd_notify(f"STATUS=serving {decision.plan.profile} on {len(decision.rendered)} instance(s)")
+
+    def _doctor(self, decision: Decision) -> Report:
+        assert decision.plan is not None and decision.profile is not None
+        cache = self.options.layout.state_dir / "huggingface"
+        return self.kiln.doctor(self.options.machine, cache, needs_of(decision.plan, decision.profile))[1]
+
+    def _preflight(self, decision: Decision) -> bool:
+        """Run the doctor before any vLLM starts; False (phase failed, with the fix) when something blocks."""
+        report = self._doctor(decision)
+        deadline = time.monotonic() + DOCTOR_WAIT_S
+        while report.only_transient_failures() and time.monotonic() < deadline:
+            log.info("pre-flight: waiting: %s", report.summary())
+            if self.stopping.wait(DOCTOR_RETRY_S):
+                break
+            report = self._doctor(decision)
+        self.state.doctor = report.as_dict()
+        for check in report.warnings:
+            log.warning("pre-flight warning: %s: %s (fix: %s)", check.name, check.detail, check.fix)
+        if not report.blocking:
+            log.info("pre-flight: %s", report.summary())
+            return True
+        for check in report.blocking:
+            log.error("pre-flight: %s: %s (fix: %s)", check.name, check.detail, check.fix)
+        first = report.blocking[0]
+        self.state.fail(f"pre-flight: {first.name}: {first.detail}", first.fix, fatal=True)
+        self._write_motd_failure(f"{first.name}: {first.detail}", f"{first.fix} (`kiln doctor` for the full report)")
+        sd_notify(f"STATUS=failed: {first.name}: {first.detail}")
+        return False
 
     def _report_problems(self, decision: Decision) -> None:
         for problem in decision.problems:
@@ -219,12 +256,18 @@ class Agent:
         spec = ProcessSpec(rendered.name, rendered.argv, dict(rendered.env), log_file=_log(logs, rendered.name))
         return Member(spec, probe_url=f"{base}/health", route_url=base, port=rendered.port)
 
+    def _write_motd_failure(self, what: str, fix: str) -> None:
+        self._write_motd_text(f"kiln: NOT SERVING: {what}\nkiln: fix: {fix}\n")
+
     def _write_motd(self, key: str) -> None:
+        self._write_motd_text(f"kiln: OpenAI-compatible endpoint {self.state.endpoint}/v1 (model: see `kiln status`)\n"
+                              f"kiln: API key {key}  (also in {self.options.layout.api_key_file}; `kiln status` for "
+                              "health)\n")
+
+    def _write_motd_text(self, text: str) -> None:
         path = self.options.motd_file
         if path is None:
             return
-        text = (f"kiln: OpenAI-compatible endpoint {self.state.endpoint}/v1 (model: see `kiln status`)\n"
-                f"kiln: API key {key}  (also in {self.options.layout.api_key_file}; `kiln status` for health)\n")
         try:
             write_private(path, text)
         except OSError as exc:

@@ -43,6 +43,7 @@ class AgentState:
     meter: TokenMeter = field(default_factory=TokenMeter)
     telemetry: Callable[[], list[dict[str, Any]]] = list
     self_check: dict[str, Any] | None = None
+    doctor: dict[str, Any] | None = None  # the pre-flight report (`kiln doctor`)
     started_at: str = field(default_factory=_now_text)
 
     def __post_init__(self) -> None:
@@ -105,5 +106,6 @@ class AgentState:
             "last_error": self.last_error.as_dict() if self.last_error else None,
             "serving": self.serving(),
             "self_check": self.self_check,
+            "doctor": self.doctor,
             "gpus": self.telemetry() if with_telemetry else [],
         }

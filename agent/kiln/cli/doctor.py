@@ -1,0 +1,67 @@
+"""`kiln doctor`: the pre-flight the agent runs before starting vLLM, on demand."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kiln.choice.schema import Choice
+from kiln.cli.output import print_json
+from kiln.doctor.facts import Needs
+from kiln.doctor.needs import needs_of
+from kiln.hardware.fixtures import fixture_names
+from kiln.hardware.model import Machine
+from kiln.planner.plan import make_plan
+from kiln.planner.types import Plan
+from kiln.serve.layout import ServeLayout
+from kiln.wiring import Kiln
+
+EXIT_BLOCKED = 2
+
+
+def add_parsers(sub: Any) -> None:
+    doctor = sub.add_parser("doctor", help="check the driver, fabric manager, GPU health, links, disk and /dev/shm")
+    doctor.add_argument("--machine", help=f"a fixture ({', '.join(fixture_names())}) or a recorded machine file "
+                                          "instead of this machine")
+    doctor.add_argument("--profile", help="check what this profile's plan needs (default: the agent's current plan)")
+    doctor.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir,
+                        help="the agent's state folder, for its plan and model cache")
+    doctor.add_argument("--json", action="store_true", help="print JSON for programs")
+
+
+def _profile_name(args: argparse.Namespace, layout: ServeLayout) -> str | None:
+    if args.profile:
+        return str(args.profile)
+    try:
+        plan = json.loads(layout.plan_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return str(plan.get("profile")) if isinstance(plan, dict) and plan.get("profile") else None
+
+
+def _needs(kiln: Kiln, machine: Machine, profile_name: str | None) -> Needs | None:
+    if profile_name is None:
+        return None
+    profile = kiln.catalog().get(profile_name)
+    plan = make_plan(machine, profile, Choice(), kiln.constants, [])
+    return needs_of(plan, profile) if isinstance(plan, Plan) else None
+
+
+def cmd_doctor(kiln: Kiln, args: argparse.Namespace) -> int:
+    layout = ServeLayout(state_dir=args.state_dir)
+    cache = layout.state_dir / "huggingface"
+    machine, _ = kiln.doctor(args.machine, cache)
+    profile = _profile_name(args, layout)
+    needs = _needs(kiln, machine, profile)
+    if profile and needs is None:
+        print(f"kiln: {profile} cannot be planned on {machine.name} (`kiln plan --profile {profile}` says why); "
+              "the checks that depend on the plan are skipped", file=sys.stderr)
+    _, report = kiln.doctor(args.machine, cache, needs)
+    if args.json:
+        print_json({**report.as_dict(), "profile": profile if needs else None})
+    else:
+        print(report.text())
+    return EXIT_BLOCKED if report.blocking else 0

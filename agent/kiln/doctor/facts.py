@@ -1,0 +1,79 @@
+"""What the doctor reads about a machine's health: plain values, filled by the NVML and host adapters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# nvmlClocksEventReason* bits that mean the GPU is slowed by heat or its power brake, not by being idle.
+CLOCK_SLOWDOWNS = {
+    0x08: "hardware slowdown",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake",
+}
+# NVML_GPU_FABRIC_STATE_*
+FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    generation: int | None  # nvmlDeviceGetCurrPcieLinkGeneration (drops at idle to save power)
+    max_generation: int | None  # nvmlDeviceGetMaxPcieLinkGeneration: the best this GPU and slot can agree
+    gpu_max_generation: int | None  # nvmlDeviceGetGpuMaxPcieLinkGeneration: the GPU's own best
+    width: int | None  # nvmlDeviceGetCurrPcieLinkWidth
+    max_width: int | None  # nvmlDeviceGetMaxPcieLinkWidth
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    """nvmlDeviceGetRemappedRows: (correctable, uncorrectable, pending, failure)."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    index: int
+    persistence_mode: bool | None = None
+    ecc_uncorrected_volatile: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows: RemappedRows | None = None
+    pcie: PcieLink | None = None
+    clock_event_reasons: int | None = None
+    fabric_state: int | None = None  # None: NVML does not report a fabric for this GPU
+    fabric_status: int | None = None  # an NVML return code; 0 is success
+
+
+@dataclass(frozen=True)
+class NvmlHealth:
+    gpus: tuple[GpuHealth, ...] = ()
+    # p2p[i][j]: nvmlDeviceGetP2PStatus(i, j, NVML_P2P_CAPS_INDEX_READ); 0 is OK, None unknown.
+    p2p: tuple[tuple[int | None, ...], ...] = ()
+    problem: str | None = None  # why NVML could not be read
+
+
+@dataclass(frozen=True)
+class SystemFacts:
+    nvswitches: int = 0  # NVIDIA bridges (PCI class 0x0680) on the bus: an HGX board's NVSwitches
+    units: dict[str, str | None] = field(default_factory=dict)  # systemd unit -> is-active answer; None: absent
+    shm_bytes: int | None = None  # the size of /dev/shm; None: not mounted
+    cache_dir: str = ""
+    cache_free_bytes: int | None = None
+    cached_bytes: int = 0  # what the cache already holds of the planned model
+    described: bool = True  # False: a hand-written machine file, which says nothing of the host's services
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the plan asks of the machine: the tensor-parallel groups and the bytes its checkpoint takes on disk."""
+
+    tensor_parallel_groups: tuple[tuple[int, ...], ...] = ()
+    model_bytes: int | None = None
+    model: str = ""  # the Hugging Face repository (or local folder) vLLM loads
+
+    @property
+    def multi_gpu(self) -> bool:
+        return any(len(g) > 1 for g in self.tensor_parallel_groups)

@@ -1,0 +1,124 @@
+"""The doctor's view of the host beyond NVML: NVSwitches on the PCI bus, the NVIDIA services, /dev/shm, the cache
+disk. One adapter for the live machine (sysfs, statvfs, `systemctl is-active`) and one for a recorded fixture."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from kiln.doctor.facts import SystemFacts
+
+NVIDIA_VENDOR = "0x10de"
+BRIDGE_CLASS = "0x0680"  # NVSwitch
+UNITS = ("nvidia-fabricmanager", "nvidia-persistenced")
+
+
+class SystemProbe(Protocol):
+    def facts(self, cache_dir: Path, model: str | None) -> SystemFacts: ...
+
+
+def hub_folder(cache_dir: Path, model: str) -> Path:
+    """huggingface_hub's cache folder for a model repository."""
+    return cache_dir / "hub" / ("models--" + model.replace("/", "--"))
+
+
+def _folder_bytes(path: Path) -> int:
+    if not path.is_dir():
+        return 0
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += (Path(root) / name).stat().st_size  # follows the hub's snapshot links to the blobs once
+            except OSError:
+                continue
+    return total
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+class LiveSystem:
+    def __init__(self, sysfs: Path = Path("/sys/bus/pci/devices"), shm: Path = Path("/dev/shm")) -> None:
+        self._sysfs = sysfs
+        self._shm = shm
+
+    def _nvswitches(self) -> int:
+        if not self._sysfs.is_dir():
+            return 0
+        found = 0
+        for device in self._sysfs.iterdir():
+            try:
+                vendor = (device / "vendor").read_text().strip()
+                pci_class = (device / "class").read_text().strip()
+            except OSError:
+                continue
+            found += vendor == NVIDIA_VENDOR and pci_class.startswith(BRIDGE_CLASS)
+        return found
+
+    @staticmethod
+    def _unit(name: str) -> str | None:
+        """`systemctl is-active` for a unit that exists; None when it is not installed (or no systemd)."""
+        if not shutil.which("systemctl"):
+            return None
+        env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+        try:
+            loaded = subprocess.run(["systemctl", "show", name, "-p", "LoadState", "--value"], capture_output=True,
+                                    text=True, check=False, timeout=20, env=env).stdout.strip()
+            if loaded != "loaded":
+                return None
+            return subprocess.run(["systemctl", "is-active", name], capture_output=True, text=True, check=False,
+                                  timeout=20, env=env).stdout.strip() or "unknown"
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    def _shm_bytes(self) -> int | None:
+        if not os.path.ismount(self._shm):
+            return None
+        st = os.statvfs(self._shm)
+        return st.f_blocks * st.f_frsize
+
+    def facts(self, cache_dir: Path, model: str | None) -> SystemFacts:
+        try:
+            free: int | None = shutil.disk_usage(_existing(cache_dir)).free
+        except OSError:
+            free = None
+        return SystemFacts(
+            nvswitches=self._nvswitches(),
+            units={name: self._unit(name) for name in UNITS},
+            shm_bytes=self._shm_bytes(),
+            cache_dir=str(cache_dir),
+            cache_free_bytes=free,
+            cached_bytes=_folder_bytes(hub_folder(cache_dir, model)) if model else 0,
+        )
+
+
+class RecordedSystem:
+    """A fixture's `system` block; the cache disk is the fixture's host disk. A fixture without one says nothing of
+    the host's services, and the checks that need them are skipped."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self._described = "system" in data
+        self._system: Mapping[str, Any] = data.get("system") or {}
+        self._disk_free = int(data["host"]["disk_free_bytes"])
+
+    def facts(self, cache_dir: Path, model: str | None) -> SystemFacts:
+        s = self._system
+        units = s.get("units") or {}
+        shm = s.get("shm_bytes")
+        return SystemFacts(
+            nvswitches=int(s.get("nvswitches", 0)),
+            units={name: units.get(name) for name in UNITS},
+            shm_bytes=None if shm is None else int(shm),
+            cache_dir=str(cache_dir),
+            cache_free_bytes=int(s.get("cache_free_bytes", self._disk_free)),
+            cached_bytes=int(s.get("cached_bytes", 0)),
+            described=self._described,
+        )
