@@ -106,13 +106,18 @@ def test_documented_ports_pass_and_anything_else_is_named() -> None:
     assert [s.port for s in smoke.unexpected_listeners(listeners, set())] == [8100]
 
 
+DOCTOR_HEALTHY = {"verdict": "healthy", "summary": "every check passed",
+                  "checks": [{"check": "gpus", "status": "skip", "detail": "no NVIDIA GPU"}]}
+
+
 def _observed(**overrides: object) -> smoke.Observed:
     seen = smoke.Observed(
         cloud_init_result={"v1": {"datasource": "DataSourceNoCloud", "errors": []}},
         cloud_init_status="status: done\ntime: Sun, 22 Nov 2026 20:00:00 +0000",
         agent_status={"phase": "starting", "plan": {"profile": "tiny-cpu", "instances": [{"port": 8100}]},
                       "choice": {"values": {"profile": "tiny-cpu", "objective": "latency"},
-                                 "origins": {"profile": "user-data (cloud-init)"}}},
+                                 "origins": {"profile": "user-data (cloud-init)"}},
+                      "doctor": DOCTOR_HEALTHY},
         listeners=smoke.parse_ss(SS), public_unauthorized=401, health_from_outside="no answer (ReadTimeout)")
     for key, value in overrides.items():
         setattr(seen, key, value)
@@ -122,7 +127,7 @@ def _observed(**overrides: object) -> smoke.Observed:
 def test_a_healthy_boot_passes_every_check() -> None:
     checks = smoke.judge(_observed(), "tiny-cpu")
     assert [c.name for c in checks if not c.ok] == []
-    assert len(checks) == 7
+    assert len(checks) == 8
 
 
 def test_each_failure_is_reported_by_its_check() -> None:
@@ -133,7 +138,13 @@ def test_each_failure_is_reported_by_its_check() -> None:
     assert failed(_observed(cloud_init_status="status: error")) == ["cloud-init finished without errors"]
     assert failed(_observed(agent_status={"phase": "failed", "plan": {"profile": "tiny-cpu"}})) == [
         "the agent started at boot", "the agent serves the choice the user-data made",
-        "only the documented ports listen"]
+        "the boot pre-flight (kiln doctor) found nothing blocking", "only the documented ports listen"]
+    blocked = {"verdict": "blocked", "summary": "shared memory: /dev/shm is not mounted",
+               "checks": [{"check": "shared memory", "status": "fail", "fix": "mount a larger /dev/shm"}]}
+    seen = _observed()
+    assert seen.agent_status is not None
+    assert failed(_observed(agent_status={**seen.agent_status, "doctor": blocked})) == [
+        "the boot pre-flight (kiln doctor) found nothing blocking"]
     assert failed(_observed(), profile="qwen3-8b") == ["the agent serves the choice the user-data made"]
     assert failed(_observed(public_unauthorized=200)) == ["the public endpoint asks for the API key"]
     assert failed(_observed(health_from_outside="answered")) == ["the health endpoint is not reachable from outside"]

@@ -152,6 +152,12 @@ def judge(seen: Observed, profile: str) -> list[Check]:
                         plan.get("profile") == profile and chosen == OBJECTIVE,
                         f"plan: {plan.get('profile')} ({len(plan.get('instances', []))} instance(s)), objective "
                         f"{chosen}; profile from: {(choice.get('origins') or {}).get('profile', 'unknown')}"))
+    doctor = status.get("doctor") or {}
+    blocking = [c for c in doctor.get("checks", []) if c.get("status") == "fail"]
+    checks.append(Check("the boot pre-flight (kiln doctor) found nothing blocking",
+                        bool(doctor) and doctor.get("verdict") != "blocked",
+                        f"{doctor.get('verdict', 'no report')}: {doctor.get('summary', '')}"
+                        + "".join(f"; {c['check']}: {c.get('fix', '')}" for c in blocking)))
     ports = {int(i["port"]) for i in plan.get("instances", []) if "port" in i}
     bad = unexpected_listeners(seen.listeners, ports)
     shown = ", ".join(f"{s.proto} {s.address}:{s.port} ({s.process or '?'})" for s in bad)
