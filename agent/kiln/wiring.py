@@ -12,6 +12,7 @@ import yaml
 from kiln import datafiles
 from kiln.doctor.checks import diagnose
 from kiln.doctor.facts import Needs, NvmlHealth, SystemFacts
+from kiln.doctor.installed import read_installed
 from kiln.doctor.probe import read_health
 from kiln.doctor.report import Report
 from kiln.doctor.stack import GpuStack
@@ -58,20 +59,24 @@ class Kiln:
         data = yaml.safe_load(Path(spec).read_text(encoding="utf-8"))
         return data if isinstance(data, dict) and "nvml" in data else None
 
-    def doctor(self, spec: str | None, cache_dir: Path, needs: Needs | None = None) -> tuple[Machine, Report]:
-        """The pre-flight report for this machine (None) or a recorded one, against what the plan needs."""
+    def doctor(self, spec: str | None, cache_dir: Path, needs: Needs | None = None,
+               vllm_python: str | None = None) -> tuple[Machine, Report]:
+        """The pre-flight report for this machine (None) or a recorded one, against what the plan needs and, on this
+        machine, the vLLM installed beside `vllm_python`."""
         model = needs.model if needs and needs.model_bytes is not None else None
         recording = None if spec is None else self._recording(spec)
+        installed = None
         if spec is None:
             machine, health = detect_live(self.gpus), read_health(pynvml)
             system = LiveSystem().facts(cache_dir, model)
+            installed = read_installed(vllm_python) if vllm_python else None
         elif recording is not None:
             machine, health = detect_recorded(recording, self.gpus), read_health(RecordedNvml(recording.get("nvml")))
             system = RecordedSystem(recording).facts(cache_dir, model)
         else:
             machine, health = self.machine(spec), NvmlHealth()
             system = SystemFacts(cache_dir=str(cache_dir), described=False)
-        return machine, diagnose(machine, health, system, self.stack, needs)
+        return machine, diagnose(machine, health, system, self.stack, needs, installed)
 
     def fixtures(self) -> list[Machine]:
         return [detect_fixture(name, self.gpus) for name in fixture_names()]

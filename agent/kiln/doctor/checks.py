@@ -14,6 +14,7 @@ from kiln.doctor.facts import (
     FABRIC_IN_PROGRESS,
     FABRIC_NOT_SUPPORTED,
     GpuHealth,
+    InstalledStack,
     Needs,
     NvmlHealth,
     SystemFacts,
@@ -41,23 +42,44 @@ def _install_driver(stack: GpuStack) -> str:
             "version on 8-GPU HGX machines), then reboot")
 
 
-def check_driver(machine: Machine, stack: GpuStack) -> Check:
-    cuda = stack.torch.cuda
-    minimum = stack.minimum_driver(cuda) or "0"
-    running = machine.driver_version
+def check_driver(machine: Machine, stack: GpuStack, installed: InstalledStack | None = None) -> Check:
+    # The torch really installed decides when it is known; else the one the image pins.
+    if installed and installed.torch and installed.torch_cuda:
+        cuda, torch = installed.torch_cuda, f"torch {installed.torch} (in {installed.where})"
+    else:
+        cuda, torch = stack.torch.cuda, f"torch {stack.torch.version} (vLLM {stack.vllm.version})"
+    running, cuda_driver = machine.driver_version, machine.cuda_driver_version
     if not running:
         return Check("driver", FAIL, "NVML did not report a driver version", _install_driver(stack))
-    if not at_least(running, minimum):
+    minimum = stack.minimum_driver(cuda)
+    if minimum and not at_least(running, minimum):
         return Check("driver", FAIL,
-                     f"driver {running} is older than {minimum}, the minimum for CUDA {cuda}, which torch "
-                     f"{stack.torch.version} (vLLM {stack.vllm.version}) is built for: every vLLM instance would "
-                     "fail at CUDA initialisation", _install_driver(stack))
-    cuda_driver = machine.cuda_driver_version
-    if cuda_driver and version_key(cuda_driver)[:2] < version_key(cuda)[:2]:
-        return Check("driver", FAIL, f"the driver's CUDA is {cuda_driver}, older than torch's CUDA {cuda}",
-                     _install_driver(stack))
-    return Check("driver", PASS, f"driver {running} (CUDA {cuda_driver or '?'}) runs CUDA {cuda} "
-                 f"(minimum {minimum})")
+                     f"driver {running} is older than {minimum}, the minimum for CUDA {cuda}, which {torch} is "
+                     "built for: every vLLM instance would fail at CUDA initialisation", _install_driver(stack))
+    if cuda_driver and version_key(cuda_driver)[:2] < version_key(cuda)[:2] and not (
+            minimum and version_key(cuda_driver)[0] == version_key(cuda)[0]):  # minor version compatibility
+        return Check("driver", FAIL, f"the driver's CUDA is {cuda_driver}, older than the CUDA {cuda} {torch} is "
+                     "built for", _install_driver(stack))
+    return Check("driver", PASS, f"driver {running} (CUDA {cuda_driver or '?'}) runs CUDA {cuda} of {torch}"
+                 + (f", minimum {minimum}" if minimum else ""))
+
+
+def check_installed(machine: Machine, stack: GpuStack, installed: InstalledStack | None) -> Check:
+    if installed is None or installed.vllm is None or installed.torch is None:
+        return Check("vllm build", SKIP, "no vLLM virtualenv to read" if installed is None
+                     else f"vLLM or torch is not installed in {installed.where}")
+    built = f"{installed.vllm}, torch {installed.torch} " + (
+        f"(CUDA {installed.torch_cuda})" if installed.torch_cuda else "(a CPU build)") + f" in {installed.where}"
+    if machine.gpus and not installed.torch_cuda:
+        return Check("vllm build", FAIL, f"{built}: it cannot use the GPUs",
+                     "use an image baked for GPUs (`kiln image build --target digitalocean`, or the playbook with "
+                     "-e vllm_flavour=cuda)")
+    version = installed.vllm.split()[-1]
+    if version != stack.vllm.version:
+        return Check("vllm build", WARN, f"{built}; kiln's image pins vLLM {stack.vllm.version}, and its version "
+                     "checks do not cover this one", f"reinstall the pinned vLLM: {installed.where}/bin/pip install "
+                     f"vllm=={stack.vllm.version}, or rebuild the image")
+    return Check("vllm build", PASS, built)
 
 
 def check_architectures(machine: Machine, stack: GpuStack) -> Check:
@@ -259,13 +281,13 @@ def check_disk(system: SystemFacts, needs: Needs | None) -> Check:
 
 
 def diagnose(machine: Machine, health: NvmlHealth, system: SystemFacts, stack: GpuStack,
-             needs: Needs | None = None) -> Report:
-    host = [check_shm(system, needs), check_disk(system, needs)]
+             needs: Needs | None = None, installed: InstalledStack | None = None) -> Report:
+    host = [check_installed(machine, stack, installed), check_shm(system, needs), check_disk(system, needs)]
     if not machine.gpus:
         why = machine.description if "NVML" in machine.description or "driver" in machine.description else ""
         gpu = Check("gpus", SKIP, "no NVIDIA GPU" + (f" ({why})" if why else "") + ": the GPU checks do not apply")
         return Report(machine=machine.name, checks=(gpu, *host))
-    checks = [check_driver(machine, stack), check_architectures(machine, stack), check_mig(machine)]
+    checks = [check_driver(machine, stack, installed), check_architectures(machine, stack), check_mig(machine)]
     if health.problem:
         checks.append(Check("nvml", FAIL, health.problem, "check `nvidia-smi`; reinstall the driver and reboot"))
     checks += [check_fabric(machine, health, system, stack), check_persistence(health),

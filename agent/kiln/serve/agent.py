@@ -176,7 +176,8 @@ class Agent:
     def _doctor(self, decision: Decision) -> Report:
         assert decision.plan is not None and decision.profile is not None
         cache = self.options.layout.state_dir / "huggingface"
-        return self.kiln.doctor(self.options.machine, cache, needs_of(decision.plan, decision.profile))[1]
+        return self.kiln.doctor(self.options.machine, cache, needs_of(decision.plan, decision.profile),
+                                vllm_python(self.options.vllm_command))[1]
 
     def _preflight(self, decision: Decision) -> bool:
         """Run the doctor before any vLLM starts; False (phase failed, with the fix) when something blocks."""
