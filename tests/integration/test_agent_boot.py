@@ -18,6 +18,7 @@ import requests
 pytestmark = pytest.mark.integration
 KILN = str(Path(sys.executable).parent / "kiln")
 KEY = "user-chosen-key-0123456789"
+HF_TOKEN = "hf_kilnTestTokenNotRealAbCdEfGhIjKlMnOp"
 USER_DATA = f"""#cloud-config
 write_files:
   - path: /etc/kiln/kiln.yaml
@@ -26,7 +27,29 @@ write_files:
       profile: tiny-cpu
       instances: 1
       api_key: {KEY}
+      hf_token: {HF_TOKEN}
 """
+
+
+def token_leaks(tmp_path: Path, state: Path, agent: subprocess.Popen[bytes], health: str) -> list[str]:
+    """Every place the Hugging Face token must not be: argv, state files, reports, the journal, the MOTD, the CLI."""
+    where: list[str] = []
+    for proc in [psutil.Process(agent.pid), *psutil.Process(agent.pid).children(recursive=True)]:
+        if HF_TOKEN in " ".join(proc.cmdline()):
+            where.append(f"argv of {proc.pid}")
+    for path in [*state.rglob("*"), tmp_path / "motd", tmp_path / "agent.log"]:
+        if path.is_file() and path.parent.name != "secrets" and HF_TOKEN in path.read_text(errors="replace"):
+            where.append(str(path))
+    for url in (f"{health}/status", f"{health}/metrics"):
+        if HF_TOKEN in requests.get(url, timeout=10).text:
+            where.append(url)
+    for argv in (["choice", "--root", str(tmp_path / "root")], ["choice", "--root", str(tmp_path / "root"), "--json"],
+                 ["status", "--health", health], ["status", "--health", health, "--json"],
+                 ["plan", "--machine", "cpu-only", "--profile", "tiny-cpu", "--json"]):
+        shown = subprocess.run([KILN, *argv], capture_output=True, text=True, timeout=60, check=False)
+        if HF_TOKEN in shown.stdout + shown.stderr:
+            where.append("kiln " + " ".join(argv[:1] + argv[-1:]))
+    return where
 
 
 def test_the_agent_serves_what_user_data_chose(tmp_path: Path) -> None:
@@ -57,6 +80,16 @@ def test_the_agent_serves_what_user_data_chose(tmp_path: Path) -> None:
         assert plan == status["plan"] and len(plan["instances"]) == 1
         assert (state / "api_key").read_text().strip() == KEY
         assert KEY in (tmp_path / "motd").read_text()
+        assert choice["hf_token_set"] is True and "hf_token" not in choice["values"]
+
+        # The token reaches vLLM through its environment file alone, and nowhere else.
+        env_file = state / "secrets" / "hf_token.env"
+        assert env_file.read_text() == f"HF_TOKEN={HF_TOKEN}\n"
+        assert env_file.stat().st_mode & 0o777 == 0o600 and env_file.parent.stat().st_mode & 0o777 == 0o700
+        servers = [p for p in psutil.Process(agent.pid).children(recursive=True)
+                   if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
+        assert servers and all(p.environ().get("HF_TOKEN") == HF_TOKEN for p in servers)
+        assert token_leaks(tmp_path, state, agent, health) == []
 
         reply = requests.post("http://127.0.0.1:18400/v1/completions", timeout=60,
                               headers={"Authorization": f"Bearer {KEY}"},

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.choice.schema import Choice, Layer, Problem, validate_fields
-from kiln.choice.sources import RawInputs
+from kiln.choice.sources import HF_TOKEN_FILE, RawInputs
 from kiln.choice.userdata import KILN_FILE, extract_settings
 from kiln.validation import YamlError, parse_yaml
 
@@ -65,7 +65,12 @@ def layers_from_inputs(raw: RawInputs) -> list[Layer]:
         layer = validate_fields(extracted.settings, source=source)
         layers.append(Layer(layer.source, layer.values, extracted.problems + layer.problems))
     if raw.tags:
-        layers.append(validate_fields(tags_to_settings(raw.tags), source="droplet tags"))
+        tagged = tags_to_settings(raw.tags)
+        hidden = [Problem("droplet tags", "hf_token", "a token in a tag is readable by anyone who can see the droplet; "
+                          "it is ignored", "put hf_token in user-data or /etc/kiln/hf_token, and delete the tag")
+                  ] if tagged.pop("hf_token", None) is not None else []
+        layer = validate_fields(tagged, source="droplet tags")
+        layers.append(Layer(layer.source, layer.values, (*hidden, *layer.problems)))
     if raw.local_file is not None and raw.local_file != user_file_copy:
         try:
             data = parse_yaml(raw.local_file)
@@ -74,6 +79,8 @@ def layers_from_inputs(raw: RawInputs) -> list[Layer]:
                 KILN_FILE, "", str(exc), "fix the file, then `systemctl restart kiln-agent`"),)))
         else:
             layers.append(validate_fields(data, source=KILN_FILE))
+    if raw.hf_token_file:
+        layers.append(validate_fields({"hf_token": raw.hf_token_file}, source=HF_TOKEN_FILE))
     return layers
 
 

@@ -30,10 +30,13 @@ class Choice(BaseModel):
     speculative_decoding: bool | None = None
     gpu_memory_utilization: float | None = Field(default=None, ge=0.3, le=0.98)
     api_key: str | None = Field(default=None, min_length=16, max_length=256, pattern=r"^[A-Za-z0-9._~+\-]+$")
+    hf_token: str | None = Field(default=None, min_length=8, max_length=256, pattern=r"^[A-Za-z0-9_\-]+$")
     price_per_hour: float | None = Field(default=None, ge=0, le=10_000)
 
 
 FIELDS = tuple(Choice.model_fields)
+# Never shown: not in problems, reports, the journal or the MOTD; only whether they are set.
+SECRET_FIELDS = frozenset({"api_key", "hf_token"})
 HINTS: dict[str, str] = {
     "profile": "a profile name from `kiln profiles list`, e.g. llama-3.1-8b-instruct",
     "model": "an absolute path to a local model directory holding config.json",
@@ -46,6 +49,7 @@ HINTS: dict[str, str] = {
     "speculative_decoding": "true or false",
     "gpu_memory_utilization": "a fraction between 0.3 and 0.98, e.g. 0.9",
     "api_key": "16 to 256 characters of letters, digits and ._~+-",
+    "hf_token": "a Hugging Face access token (hf_...) from https://huggingface.co/settings/tokens",
     "price_per_hour": "the machine's USD price per hour, e.g. 3.39",
 }
 
@@ -105,7 +109,8 @@ def validate_fields(data: Any, *, source: str) -> Layer:
             values[key] = getattr(one, key)
         except ValidationError as exc:
             msg = exc.errors()[0]["msg"]
-            problems.append(Problem(source, key, f"{msg} (got {_shown(value)})", f"use {HINTS[key]}"))
+            got = "a value of this length, hidden" if key in SECRET_FIELDS else _shown(value)
+            problems.append(Problem(source, key, f"{msg} (got {got})", f"use {HINTS[key]}"))
     if values.get("profile") and values.get("model"):
         problems.append(Problem(source, "model", "both profile and model are set; profile is used",
                                 "set only one of profile or model"))

@@ -17,6 +17,7 @@ from kiln.choice.schema import Problem
 
 DO_METADATA_URL = "http://169.254.169.254/metadata/v1.json"
 MAX_READ_BYTES = 1 << 20
+HF_TOKEN_FILE = "/etc/kiln/hf_token"
 
 
 class HttpGet(Protocol):
@@ -38,6 +39,7 @@ class RawInputs:
     tags: tuple[str, ...] | None = None
     local_file: str | None = None
     local_file_path: str = "/etc/kiln/kiln.yaml"
+    hf_token_file: str | None = None  # /etc/kiln/hf_token, for a token put on the machine by hand
     platform: str = ""
     problems: tuple[Problem, ...] = ()
 
@@ -127,11 +129,13 @@ class SourceReader:
                 if user_data is None and isinstance(metadata.get("user_data"), str):
                     user_data, origin = metadata["user_data"].encode(), "digitalocean metadata"
         local = self._read("/etc/kiln/kiln.yaml")
+        token = self._read(HF_TOKEN_FILE)
         return RawInputs(
             user_data=user_data,
             user_data_origin=origin,
             tags=tags,
             local_file=None if local is None else local.decode("utf-8", errors="replace"),
+            hf_token_file=None if token is None else token.decode("utf-8", errors="replace").strip(),
             platform=platform,
             problems=tuple(self.problems),
         )

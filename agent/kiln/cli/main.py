@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kiln import __version__
 from kiln.choice.resolve import resolve_choice
-from kiln.choice.schema import Choice, validate_fields
+from kiln.choice.schema import SECRET_FIELDS, Choice, validate_fields
 from kiln.choice.select import select_profile
 from kiln.choice.sources import SourceReader
 from kiln.cli import bench, doctor, image, serving
@@ -169,14 +169,15 @@ def cmd_choice(kiln: Kiln, args: argparse.Namespace) -> int:
                                                  lambda path: kiln.profile(None, path))
     problems = [*resolved.problems, *selection_problems]
     if args.json:
-        print_json({"choice": json.loads(resolved.choice.model_dump_json(exclude={"api_key"})),
-                    "api_key_set": resolved.choice.api_key is not None, "origins": dict(resolved.origins),
+        print_json({"choice": json.loads(resolved.choice.model_dump_json(exclude=set(SECRET_FIELDS))),
+                    "api_key_set": resolved.choice.api_key is not None,
+                    "hf_token_set": resolved.choice.hf_token is not None, "origins": dict(resolved.origins),
                     "profile": profile.name, "problems": [p.as_dict() for p in problems]})
         return 0
-    values = resolved.choice.model_dump(exclude_none=True, exclude={"api_key"})
+    values = resolved.choice.model_dump(exclude_none=True, exclude=set(SECRET_FIELDS))
     rows = [[k, v, resolved.origins.get(k, "")] for k, v in values.items()]
-    if resolved.choice.api_key:
-        rows.append(["api_key", "(set, hidden)", resolved.origins.get("api_key", "")])
+    rows += [[k, "(set, hidden)", resolved.origins.get(k, "")] for k in sorted(SECRET_FIELDS)
+             if getattr(resolved.choice, k)]
     print(table(["Setting", "Value", "From"], rows) if rows else "No choice found: the image defaults apply.")
     print(f"\nServes: {profile.name}")
     for p in problems:

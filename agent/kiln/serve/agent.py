@@ -219,6 +219,7 @@ class Agent:
                 log.info("making the tiny model in %s", target)
                 make_tiny_model(decision.profile, target)
         key = ensure_api_key(layout.api_key_file, resolved.choice.api_key)
+        self._write_hf_token(resolved.choice.hf_token)
         nginx, router = find_nginx(), find_router()
         if not nginx:
             raise KilnError("nginx is not installed; it fronts the public endpoint",
@@ -252,9 +253,21 @@ class Agent:
         return Supervisor(launcher=launcher, routing=RouterClient(layout.router_url), probe=http_probe,
                           settings=options.supervisor, router=router_member, others=[proxy], instances=instances)
 
+    def _write_hf_token(self, token: str | None) -> None:
+        """The token's one place besides its source: a root-only environment file the instances start with."""
+        path = self.options.layout.hf_token_env
+        if token is None:
+            path.unlink(missing_ok=True)
+            return
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        write_private(path, f"HF_TOKEN={token}\n")
+        log.info("Hugging Face token: set (in %s, root only)", path)
+
     def _instance(self, rendered: RenderedInstance, logs: Path | None) -> Member:
         base = f"http://{self.options.layout.local_host}:{rendered.port}"
-        spec = ProcessSpec(rendered.name, rendered.argv, dict(rendered.env), log_file=_log(logs, rendered.name))
+        spec = ProcessSpec(rendered.name, rendered.argv, dict(rendered.env), log_file=_log(logs, rendered.name),
+                           env_files=(self.options.layout.hf_token_env,))
         return Member(spec, probe_url=f"{base}/health", route_url=base, port=rendered.port)
 
     def _write_motd_failure(self, what: str, fix: str) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.choice.resolve import ResolvedChoice
-from kiln.choice.schema import Problem
+from kiln.choice.schema import SECRET_FIELDS, Problem
 from kiln.choice.select import FALLBACK_PROFILE, select_profile
 from kiln.cli.views import plan_dict
 from kiln.errors import KilnError
@@ -38,9 +38,10 @@ class Decision:
     failure: tuple[str, str] | None = None  # what, fix: nothing can be served
 
     def choice_report(self) -> dict[str, Any]:
-        values = json.loads(self.choice.choice.model_dump_json(exclude={"api_key"}, exclude_none=True))
+        values = json.loads(self.choice.choice.model_dump_json(exclude=set(SECRET_FIELDS), exclude_none=True))
         return {"values": values, "origins": dict(self.choice.origins), "summary": self.choice.summary(),
                 "api_key_set": self.choice.choice.api_key is not None,
+                "hf_token_set": self.choice.choice.hf_token is not None,
                 "profile": self.profile.name if self.profile else None,
                 "problems": [p.as_dict() for p in self.problems]}
 

@@ -9,17 +9,30 @@ PUBLIC_PORT = 8000  # the OpenAI API, vLLM's own default port
 ROUTER_PORT = 8001  # vllm-router, localhost only
 ROUTER_METRICS_PORT = 8002  # vllm-router's Prometheus exporter, localhost only
 HEALTH_PORT = 8090  # kiln's /health, /ready, /status, /metrics, localhost only
+IMAGE_STATE_DIR = Path("/var/lib/kiln")
+# Secrets for the units' EnvironmentFile= (kiln-vllm@.service): root-only, on tmpfs, read by systemd as root
+# before it drops to the instances' user, and outside /var/lib/kiln, which that user owns.
+IMAGE_SECRETS_DIR = Path("/run/kiln")
 
 
 @dataclass(frozen=True)
 class ServeLayout:
-    state_dir: Path = Path("/var/lib/kiln")
+    state_dir: Path = IMAGE_STATE_DIR
     public_host: str = "0.0.0.0"  # the public endpoint; the image firewall opens only it and SSH
     public_port: int = PUBLIC_PORT
     router_port: int = ROUTER_PORT
     router_metrics_port: int = ROUTER_METRICS_PORT
     health_port: int = HEALTH_PORT
     local_host: str = "127.0.0.1"
+
+    @property
+    def secrets_dir(self) -> Path:
+        return IMAGE_SECRETS_DIR if self.state_dir == IMAGE_STATE_DIR else self.state_dir / "secrets"
+
+    @property
+    def hf_token_env(self) -> Path:
+        """HF_TOKEN=..., for huggingface_hub inside vLLM; never in argv, runtime.json or a report."""
+        return self.secrets_dir / "hf_token.env"
 
     @property
     def plan_file(self) -> Path:

@@ -21,10 +21,24 @@ class ProcessSpec:
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)  # added to the agent's own environment
     log_file: Path | None = None
+    # KEY=VALUE files read when the process starts, for secrets (a missing file adds nothing). Under systemd the
+    # unit's EnvironmentFile= does this instead.
+    env_files: tuple[Path, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return {"name": self.name, "argv": list(self.argv), "env": dict(self.env),
-                "log_file": str(self.log_file) if self.log_file else None}
+                "log_file": str(self.log_file) if self.log_file else None,
+                "env_files": [str(p) for p in self.env_files]}
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """systemd's EnvironmentFile= format, as far as kiln writes it: KEY=VALUE lines, # comments."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line and not line.lstrip().startswith("#"))
+    return {key.strip(): value.strip() for key, value in pairs}
 
 
 def die_with_parent() -> None:
@@ -78,13 +92,14 @@ class LocalProcesses:
     """Starts processes directly: `kiln up`, and the agent outside systemd."""
 
     def start(self, spec: ProcessSpec) -> Running:
+        secrets = {k: v for path in spec.env_files for k, v in read_env_file(path).items()}
         log = subprocess.DEVNULL
         if spec.log_file:
             spec.log_file.parent.mkdir(parents=True, exist_ok=True)
             log = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         try:
             popen = subprocess.Popen(
-                list(spec.argv), env={**os.environ, **spec.env}, stdin=subprocess.DEVNULL, stdout=log,
+                list(spec.argv), env={**os.environ, **spec.env, **secrets}, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)  # noqa: PLW1509 - prctl alone, no lock taken
         finally:
             if isinstance(log, int) and log >= 0:
