@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice
 from kiln.render.vllm import Runtime
 from kiln.serve import metrics as prom
+from kiln.serve.agent import give_to_user
 from kiln.serve.apikey import ensure_api_key
 from kiln.serve.cost import TokenMeter, hourly_price, usd_per_million_tokens
 from kiln.serve.decide import Decision, decide
@@ -25,6 +29,8 @@ from kiln.serve.router import RouterSettings, router_argv
 from kiln.serve.state import AgentState
 from kiln.serve.systemd_units import SystemdUnits, Unit
 from kiln.wiring import Kiln
+
+NOBODY = 65534
 
 
 def test_api_key_is_generated_once_kept_private_and_overridable(tmp_path: Path) -> None:
@@ -152,3 +158,41 @@ def test_systemd_launcher_starts_units_with_their_dropins(tmp_path: Path) -> Non
                          ["start", "--no-block", "kiln-vllm@vllm-0.service"]]
     assert ["start", "--no-block", "kiln-router.service"] in calls
     assert router.exit_code() == 137  # systemd gave up on it: the supervisor's backoff takes over
+
+
+def _as_nobody() -> None:
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+@pytest.fixture
+def traversable_tmp() -> Iterator[Path]:
+    """A temporary folder another user can pass through (pytest's own are root-only all the way up)."""
+    path = Path(tempfile.mkdtemp(prefix="kiln-links-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_links_the_instances_user_plants_are_refused(traversable_tmp: Path) -> None:
+    """/var/lib/kiln belongs to the instances' user; what that user plants there must not steer the root agent."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to plant the links as another user")
+    tmp_path = traversable_tmp
+    secret = tmp_path / "root-only"
+    secret.write_text("root's secret\n")
+    secret.chmod(0o600)
+    state = tmp_path / "state"
+    (state / "models").mkdir(parents=True)
+    for path in (state, state / "models"):
+        os.chown(path, NOBODY, NOBODY)
+    for link in (state / "api_key", state / "models" / "config.json"):
+        subprocess.run(["ln", "-s", str(secret), str(link)], check=True, preexec_fn=_as_nobody)
+        assert link.is_symlink() and link.lstat().st_uid == NOBODY
+
+    key = ensure_api_key(state / "api_key", None)
+    assert key.startswith("kiln-") and "secret" not in key
+    assert not (state / "api_key").is_symlink() and stat.S_IMODE((state / "api_key").stat().st_mode) == 0o600
+    give_to_user("nobody", state, [state / "models"])
+    assert secret.stat().st_uid == 0 and secret.read_text() == "root's secret\n"
+    assert (state / "models" / "config.json").lstat().st_uid == NOBODY

@@ -79,8 +79,9 @@ def give_to_user(user: str, state_dir: Path, paths: list[Path]) -> None:
         log.warning("user %s does not exist; the units may not read %s", user, state_dir)
         return
     for path in paths:
-        for target in [path, *path.rglob("*")] if path.is_dir() else [path]:
-            os.chown(target, entry.pw_uid, entry.pw_gid)
+        for target in [path, *path.rglob("*")] if path.is_dir() and not path.is_symlink() else [path]:
+            # A link the user planted is chowned itself, never what it points at.
+            os.chown(target, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
 
 
 def http_probe(url: str, timeout_s: float = 2.0) -> bool:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
+import stat
 from pathlib import Path
+
+log = logging.getLogger("kiln.agent")
 
 KEY_PREFIX = "kiln-"
 
@@ -28,16 +32,35 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+MAX_KEY_FILE_BYTES = 4096
+
+
+def read_private(path: Path) -> str | None:
+    """A small regular file's text, never through a symbolic link: None when absent, or anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a link planted where the file should be
+        log.warning("ignoring %s: %s", path, exc.strerror)
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            log.warning("ignoring %s: not a regular file", path)
+            return None
+        return f.read(MAX_KEY_FILE_BYTES).decode("utf-8", errors="replace")
+
+
 def ensure_api_key(path: Path, override: str | None) -> str:
-    """The user's key when given, else the one kept from an earlier boot, else a new one."""
+    """The user's key when given, else the one kept from an earlier boot, else a new one. The key file sits in a
+    folder the instances' user can write, so what is there is read without following links."""
+    kept = (read_private(path) or "").strip()
     if override:
-        if not path.exists() or path.read_text(encoding="utf-8").strip() != override:
+        if kept != override:
             write_private(path, override + "\n")
         return override
-    if path.exists():
-        kept = path.read_text(encoding="utf-8").strip()
-        if kept:
-            return kept
+    if kept:
+        return kept
     key = generate_api_key()
     write_private(path, key + "\n")
     return key

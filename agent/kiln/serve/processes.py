@@ -96,7 +96,7 @@ class LocalProcesses:
         log = subprocess.DEVNULL
         if spec.log_file:
             spec.log_file.parent.mkdir(parents=True, exist_ok=True)
-            log = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            log = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
         try:
             popen = subprocess.Popen(
                 list(spec.argv), env={**os.environ, **spec.env, **secrets}, stdin=subprocess.DEVNULL, stdout=log,
