@@ -66,7 +66,8 @@ def check_driver(machine: Machine, stack: GpuStack, installed: InstalledStack | 
 
 def check_installed(machine: Machine, stack: GpuStack, installed: InstalledStack | None) -> Check:
     if installed is None or installed.vllm is None or installed.torch is None:
-        return Check("vllm build", SKIP, "no vLLM virtualenv to read" if installed is None
+        return Check("vllm build", SKIP, "no vLLM installation was read (a recorded machine, or none at the "
+                     "image's path)" if installed is None
                      else f"vLLM or torch is not installed in {installed.where}")
     built = f"{installed.vllm}, torch {installed.torch} " + (
         f"(CUDA {installed.torch_cuda})" if installed.torch_cuda else "(a CPU build)") + f" in {installed.where}"
