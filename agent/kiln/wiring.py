@@ -17,10 +17,13 @@ from kiln.doctor.probe import read_health
 from kiln.doctor.report import Report
 from kiln.doctor.stack import GpuStack
 from kiln.doctor.system import LiveSystem, RecordedSystem
+from kiln.errors import ConfigError
 from kiln.hardware.detect import detect_fixture, detect_live, detect_recorded, gpu_catalog
 from kiln.hardware.fixtures import RecordedNvml, fixture_names, load_fixture
+from kiln.hardware.host import LiveHost, RecordedHost
 from kiln.hardware.machine_file import machine_from_file
 from kiln.hardware.model import Machine
+from kiln.hardware.record import record_machine
 from kiln.hardware.specs import GpuCatalog
 from kiln.planner.types import Constants
 from kiln.profiles.catalog import Catalog, find_profile_dir, load_catalog
@@ -77,6 +80,17 @@ class Kiln:
             machine, health = self.machine(spec), NvmlHealth()
             system = SystemFacts(cache_dir=str(cache_dir), described=False)
         return machine, diagnose(machine, health, system, self.stack, needs, installed)
+
+    def record(self, spec: str | None, name: str, description: str) -> dict[str, Any]:
+        """This machine's answers (None), or a recorded machine's replayed, as a machine file."""
+        if spec is None:
+            return record_machine(name, description, pynvml, LiveHost(), LiveSystem())
+        recording = self._recording(spec)
+        if recording is None:
+            raise ConfigError("a hand-written machine file holds no NVML answers to record", where=spec,
+                              fix="record this machine (no --machine), or a fixture")
+        return record_machine(name, description, RecordedNvml(recording.get("nvml")), RecordedHost(recording),
+                              RecordedSystem(recording))
 
     def fixtures(self) -> list[Machine]:
         return [detect_fixture(name, self.gpus) for name in fixture_names()]

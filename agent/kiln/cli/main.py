@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import yaml
 
 from kiln import __version__
 from kiln.choice.resolve import resolve_choice
@@ -42,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     detect = sub.add_parser("detect", help="show this machine's GPUs, or a named machine fixture")
     detect.add_argument("--machine", help=f"a fixture ({', '.join(fixture_names())}) or a machine file")
     detect.add_argument("--list", action="store_true", help="list the machine fixtures")
+    detect.add_argument("--record", type=Path, metavar="FILE",
+                        help="write what NVML and the host answer as a machine file (read back with --machine FILE)")
     _add_json(detect)
 
     profiles = sub.add_parser("profiles", help="list, show and validate model profiles")
@@ -93,8 +99,25 @@ def cmd_detect(kiln: Kiln, args: argparse.Namespace) -> int:
                         [[m.name, m.droplet_size or "-", f"{m.gpu_count}x {m.gpus[0].name}" if m.gpus else "-",
                           m.description] for m in machines]))
         return 0
+    if args.record:
+        return record(kiln, args)
     machine = kiln.machine(args.machine)
     print_json(machine_dict(machine)) if args.json else print(machine_text(machine))
+    return 0
+
+
+def record(kiln: Kiln, args: argparse.Namespace) -> int:
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    name = (args.machine and Path(args.machine).stem) or socket.gethostname()
+    data = kiln.record(args.machine, name, f"recorded by `kiln detect --record` on {name}, {when}")
+    text = yaml.safe_dump(data, sort_keys=False, width=120, default_flow_style=None)
+    args.record.write_text(f"# {data['description']}\n" + text, encoding="utf-8")
+    gpus = len((data["nvml"] or {}).get("devices", []))
+    if args.json:
+        print_json({"file": str(args.record), "gpus": gpus, "nvml": data["nvml"] is not None})
+    else:
+        print(f"recorded {gpus} GPU(s) to {args.record}" + ("" if data["nvml"] else " (NVML did not start)")
+              + f"; read it back with `kiln detect --machine {args.record}`")
     return 0
 
 

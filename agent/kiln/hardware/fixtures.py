@@ -113,7 +113,7 @@ class RecordedNvml:
         key = P2P_KEYS.get(caps_index)
         if key is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return int(self._get(handle1, key)[handle2])
+        return int(_answer(self._get(handle1, key)[handle2]))
 
     # Health, read by `kiln doctor`.
     def nvmlDeviceGetPersistenceMode(self, handle: int) -> int:
@@ -159,7 +159,7 @@ class RecordedNvml:
         return int(pynvml.NVML_SUCCESS)
 
     def nvmlDeviceGetTopologyCommonAncestor(self, handle1: int, handle2: int) -> int:
-        return int(self._get(handle1, "nvmlDeviceGetTopologyCommonAncestor")[handle2])
+        return int(_answer(self._get(handle1, "nvmlDeviceGetTopologyCommonAncestor")[handle2]))
 
 
 def fixture_names() -> list[str]:
