@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -27,7 +28,8 @@ class FailedAgent:
 
 
 @contextlib.contextmanager
-def agent_that_fails(tmp_path: Path, machine: str, settings: str, port: int) -> Iterator[FailedAgent]:
+def agent_that_fails(tmp_path: Path, machine: str, settings: str, port: int,
+                     env: dict[str, str] | None = None) -> Iterator[FailedAgent]:
     """An agent booted on `machine` with these settings in /etc/kiln/kiln.yaml, once it reports phase `failed`;
     on leaving, SIGTERM and its whole output."""
     (tmp_path / "root" / "etc" / "kiln").mkdir(parents=True)
@@ -36,7 +38,8 @@ def agent_that_fails(tmp_path: Path, machine: str, settings: str, port: int) -> 
     proc = subprocess.Popen([KILN, "agent", "run", "--machine", machine, "--root", str(tmp_path / "root"),
                              "--state-dir", str(tmp_path / "state"), "--port", str(port), "--health-port",
                              str(port + 90), "--motd", str(tmp_path / "motd"), "--launcher", "process"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     agent = FailedAgent(proc, health, {})
     try:
         deadline = time.monotonic() + 60

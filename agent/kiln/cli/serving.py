@@ -175,6 +175,16 @@ def cmd_status(_kiln: Kiln, args: argparse.Namespace) -> int:
     return 0 if status.get("phase") in ("ready", "starting", "degraded") else EXIT_UNAVAILABLE
 
 
+def download_bar(d: dict[str, Any], width: int = 30) -> str:
+    """`org/model [#########.....] 1.2/4.0 GiB 210.5 MiB/s, 14 s left`"""
+    total, done = int(d.get("bytes_total") or 0), int(d.get("bytes_done") or 0)
+    filled = width * done // total if total else width
+    eta = d.get("eta_s")
+    rate = f" {int(d.get('rate_bytes_per_s') or 0) / 2**20:.1f} MiB/s" if done < total else " done"
+    return (f"{d.get('repo')} [{'#' * filled}{'.' * (width - filled)}] {done / 2**30:.2f}/{total / 2**30:.2f} GiB"
+            + rate + (f", {eta:.0f} s left" if eta and done < total else ""))
+
+
 def status_text(s: dict[str, Any], key: str) -> str:
     plan = s.get("plan") or {}
     lines = [f"phase     {s.get('phase')}", f"endpoint  {s.get('endpoint')}/v1",
@@ -182,6 +192,9 @@ def status_text(s: dict[str, Any], key: str) -> str:
     if plan:
         lines.append(f"serving   {plan.get('profile')} ({plan.get('quantization')}, "
                      f"TP{plan.get('tensor_parallel_size')} x {len(plan.get('instances', []))})")
+    download = s.get("download")
+    if download:
+        lines.append(f"download  {download_bar(download)}")
     serving = s.get("serving") or {}
     cost = serving.get("usd_per_million_output_tokens")
     lines.append(f"rate      {serving.get('output_tokens_per_s', 0)} output tokens/s"

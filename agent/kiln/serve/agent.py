@@ -3,6 +3,7 @@ supervise them, and report on the health endpoint until told to stop."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -23,6 +24,8 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.doctor.needs import needs_of
 from kiln.doctor.report import Report
 from kiln.errors import KilnError
+from kiln.hub.client import HubClient, Progress
+from kiln.hub.preflight import HubVerdict
 from kiln.render.systemd import instance_dropin
 from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime, vllm_python
 from kiln.serve import metrics as prom
@@ -31,12 +34,13 @@ from kiln.serve.cost import hourly_price
 from kiln.serve.decide import Decision, decide
 from kiln.serve.health import HealthServer
 from kiln.serve.layout import ServeLayout
+from kiln.serve.models import Milestones, ModelStep, hub_cache
 from kiln.serve.notify import sd_notify
 from kiln.serve.processes import LocalProcesses, ProcessSpec
 from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv, nginx_config
 from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
 from kiln.serve.selfcheck import SelfCheckSettings, self_check_result
-from kiln.serve.state import DETECTING, PLANNING, STARTING_PHASE, AgentState
+from kiln.serve.state import DETECTING, DOWNLOADING, PLANNING, STARTING_PHASE, AgentState
 from kiln.serve.supervisor import Launcher, Member, Supervisor, SupervisorSettings
 from kiln.serve.systemd_units import SystemdUnits
 from kiln.serve.telemetry import gpu_telemetry
@@ -115,6 +119,7 @@ class Agent:
         self.decision: Decision | None = None
         self.stopping = threading.Event()
         self._self_check: threading.Thread | None = None
+        self.models_cached = False  # the plan's repositories are in the cache: the instances start offline
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -143,7 +148,10 @@ class Agent:
         state.set_phase(PLANNING)
         runtime = Runtime(vllm_command=options.vllm_command, models_dir=str(layout.models_dir),
                           hf_home=str(layout.state_dir / "huggingface"), extra_env=options.extra_env)
-        decision = decide(self.kiln, options.machine, resolved, runtime)
+        models = ModelStep(client=self._hub_client, stopping=self.stopping,
+                           replan=lambda choice: decide(self.kiln, options.machine, choice, runtime),
+                           offline=os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"))
+        decision, verdict = models.check(decide(self.kiln, options.machine, resolved, runtime), resolved)
         state.choice = decision.choice_report()
         self._report_problems(decision)
         if decision.failure or not decision.plan:
@@ -155,7 +163,9 @@ class Agent:
             log.error("nothing to serve: %s (fix: %s)", what, fix)
             sd_notify(f"STATUS=failed: {what}")
             return
-        if not self._preflight(decision):
+        if not self._preflight(decision, verdict):
+            return
+        if verdict and verdict.readable and not self._download(models, verdict, resolved.choice.hf_token):
             return
         self.decision = decision
         state.plan = decision.plan_report()
@@ -174,21 +184,45 @@ class Agent:
         self.supervisor.start()
         sd_notify(f"STATUS=serving {decision.plan.profile} on {len(decision.rendered)} instance(s)")
 
-    def _doctor(self, decision: Decision) -> Report:
+    def _hub_client(self, token: str | None) -> HubClient:
+        return HubClient(hub_cache(self.options.layout.state_dir / "huggingface"), token)
+
+    def _doctor(self, decision: Decision, verdict: HubVerdict | None) -> Report:
         assert decision.plan is not None and decision.profile is not None
         cache = self.options.layout.state_dir / "huggingface"
-        return self.kiln.doctor(self.options.machine, cache, needs_of(decision.plan, decision.profile),
-                                vllm_python(self.options.vllm_command))[1]
+        needs = needs_of(decision.plan, decision.profile)
+        if verdict and verdict.readable:  # the Hub's exact sizes instead of the estimate
+            needs = dataclasses.replace(needs, model_bytes=verdict.bytes)
+        return self.kiln.doctor(self.options.machine, cache, needs, vllm_python(self.options.vllm_command))[1]
 
-    def _preflight(self, decision: Decision) -> bool:
+    def _download(self, models: ModelStep, verdict: HubVerdict, token: str | None) -> bool:
+        self.state.set_phase(DOWNLOADING)
+        milestones = Milestones()
+
+        def progress(p: Progress) -> None:
+            self.state.download = p.as_dict()
+            milestones(p)
+
+        why = models.download(self._hub_client(token), verdict.readable, progress)
+        if why is None:
+            self.models_cached = True
+            return True
+        if not self.stopping.is_set():
+            fix = "check the network and the disk; restart kiln-agent to resume (files already complete are kept)"
+            self.state.fail(why, fix, fatal=True)
+            self._write_motd_failure(why, fix)
+            log.error("%s (fix: %s)", why, fix)
+        return False
+
+    def _preflight(self, decision: Decision, verdict: HubVerdict | None = None) -> bool:
         """Run the doctor before any vLLM starts; False (phase failed, with the fix) when something blocks."""
-        report = self._doctor(decision)
+        report = self._doctor(decision, verdict)
         deadline = time.monotonic() + DOCTOR_WAIT_S
         while report.only_transient_failures() and time.monotonic() < deadline:
             log.info("pre-flight: waiting: %s", report.summary())
             if self.stopping.wait(DOCTOR_RETRY_S):
                 break
-            report = self._doctor(decision)
+            report = self._doctor(decision, verdict)
         self.state.doctor = report.as_dict()
         for check in report.warnings:
             log.warning("pre-flight warning: %s: %s (fix: %s)", check.name, check.detail, check.fix)
@@ -267,7 +301,8 @@ class Agent:
 
     def _instance(self, rendered: RenderedInstance, logs: Path | None) -> Member:
         base = f"http://{self.options.layout.local_host}:{rendered.port}"
-        spec = ProcessSpec(rendered.name, rendered.argv, dict(rendered.env), log_file=_log(logs, rendered.name),
+        env = {**rendered.env, **({"HF_HUB_OFFLINE": "1"} if self.models_cached else {})}
+        spec = ProcessSpec(rendered.name, rendered.argv, env, log_file=_log(logs, rendered.name),
                            env_files=(self.options.layout.hf_token_env,))
         return Member(spec, probe_url=f"{base}/health", route_url=base, port=rendered.port)
 

@@ -11,8 +11,8 @@ from typing import Any
 from kiln.serve.cost import TokenMeter, usd_per_million_tokens
 from kiln.serve.supervisor import READY, STARTING, Supervisor
 
-DETECTING, PLANNING, STARTING_PHASE, READY_PHASE, DEGRADED, FAILED = (
-    "detecting", "planning", "starting", "ready", "degraded", "failed")
+DETECTING, PLANNING, DOWNLOADING, STARTING_PHASE, READY_PHASE, DEGRADED, FAILED = (
+    "detecting", "planning", "downloading", "starting", "ready", "degraded", "failed")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class AgentState:
     telemetry: Callable[[], list[dict[str, Any]]] = list
     self_check: dict[str, Any] | None = None
     doctor: dict[str, Any] | None = None  # the pre-flight report (`kiln doctor`)
+    download: dict[str, Any] | None = None  # the model download: repo, bytes done and total, rate, ETA
     started_at: str = field(default_factory=_now_text)
 
     def __post_init__(self) -> None:
@@ -61,7 +62,7 @@ class AgentState:
 
     def current_phase(self) -> str:
         """Before serving, the phase set by the boot loop; after, what the instances say."""
-        if self.phase in (DETECTING, PLANNING, FAILED) or self.supervisor is None:
+        if self.phase in (DETECTING, PLANNING, DOWNLOADING, FAILED) or self.supervisor is None:
             return self.phase
         states = [m.state for m in self.supervisor.instances]
         if states and all(s == READY for s in states):
@@ -107,5 +108,6 @@ class AgentState:
             "serving": self.serving(),
             "self_check": self.self_check,
             "doctor": self.doctor,
+            "download": self.download,
             "gpus": self.telemetry() if with_telemetry else [],
         }
