@@ -172,7 +172,7 @@ def cmd_status(_kiln: Kiln, args: argparse.Namespace) -> int:
         print_json(status)
         return 0
     print(status_text(status, _key_text(status.get("api_key_file", ""))))
-    return 0 if status.get("phase") in ("ready", "starting", "degraded") else EXIT_UNAVAILABLE
+    return 0 if status.get("phase") in ("ready", "starting", "downloading", "degraded") else EXIT_UNAVAILABLE
 
 
 def download_bar(d: dict[str, Any], width: int = 30) -> str:
