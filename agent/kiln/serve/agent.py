@@ -342,7 +342,8 @@ class Agent:
                         first.argv[first.argv.index("--model") + 1])
         client = VllmBench(vllm_python(self.options.vllm_command), self.options.layout.state_dir / "self-check.log")
         try:
-            raw = client.run(target, settings.spec().workload(settings.concurrency), dict(first.env))
+            env = {**first.env, **({"HF_HUB_OFFLINE": "1"} if self.models_cached else {})}  # the tokenizer is cached
+            raw = client.run(target, settings.spec().workload(settings.concurrency), env)
             result = self_check_result(raw, self.state.plan, decision.plan.engine.device, settings)
         except (KilnError, OSError) as exc:
             result = {"state": "failed", "degraded": False, "verdict": f"the self-check could not run: {exc}"}
