@@ -11,12 +11,11 @@ import yaml
 
 from kiln import datafiles
 from kiln.doctor.checks import diagnose
-from kiln.doctor.facts import Needs, NvmlHealth, SystemFacts
+from kiln.doctor.facts import Needs, NvmlHealth
 from kiln.doctor.installed import read_installed
 from kiln.doctor.probe import read_health
 from kiln.doctor.report import Report
 from kiln.doctor.stack import GpuStack
-from kiln.doctor.system import LiveSystem, RecordedSystem
 from kiln.errors import ConfigError
 from kiln.hardware.detect import detect_fixture, detect_live, detect_recorded, gpu_catalog
 from kiln.hardware.fixtures import RecordedNvml, fixture_names, load_fixture
@@ -25,6 +24,7 @@ from kiln.hardware.machine_file import machine_from_file
 from kiln.hardware.model import Machine
 from kiln.hardware.record import record_machine
 from kiln.hardware.specs import GpuCatalog
+from kiln.hardware.system import LiveSystem, RecordedSystem, SystemFacts
 from kiln.planner.types import Constants
 from kiln.profiles.catalog import Catalog, find_profile_dir, load_catalog
 from kiln.profiles.hf_config import profile_from_model_dir

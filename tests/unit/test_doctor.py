@@ -22,14 +22,13 @@ from kiln.doctor.facts import (
     Needs,
     NvmlHealth,
     PcieLink,
-    SystemFacts,
 )
 from kiln.doctor.installed import read_installed
 from kiln.doctor.needs import needs_of
 from kiln.doctor.probe import read_health
 from kiln.doctor.report import FAIL, PASS, SKIP, WARN, Report
-from kiln.doctor.system import LiveSystem, hub_folder
 from kiln.hardware.fixtures import RecordedNvml, load_fixture
+from kiln.hardware.system import LiveSystem, SystemFacts, hub_folder
 from kiln.planner.plan import make_plan
 from kiln.planner.types import Plan
 from kiln.wiring import Kiln

@@ -17,11 +17,11 @@ from kiln.doctor.facts import (
     InstalledStack,
     Needs,
     NvmlHealth,
-    SystemFacts,
 )
 from kiln.doctor.report import FAIL, PASS, SKIP, WARN, Check, Report
 from kiln.doctor.stack import GpuStack, at_least, version_key
 from kiln.hardware.model import Machine
+from kiln.hardware.system import SystemFacts
 
 FABRIC_MANAGER = "nvidia-fabricmanager"
 PERSISTENCED = "nvidia-persistenced"

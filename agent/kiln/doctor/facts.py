@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # nvmlClocksEventReason* bits that mean the GPU is slowed by heat or its power brake, not by being idle.
 CLOCK_SLOWDOWNS = {
@@ -53,17 +53,6 @@ class NvmlHealth:
     # p2p[i][j]: nvmlDeviceGetP2PStatus(i, j, NVML_P2P_CAPS_INDEX_READ); 0 is OK, None unknown.
     p2p: tuple[tuple[int | None, ...], ...] = ()
     problem: str | None = None  # why NVML could not be read
-
-
-@dataclass(frozen=True)
-class SystemFacts:
-    nvswitches: int = 0  # NVIDIA bridges (PCI class 0x0680) on the bus: an HGX board's NVSwitches
-    units: dict[str, str | None] = field(default_factory=dict)  # systemd unit -> is-active answer; None: absent
-    shm_bytes: int | None = None  # the size of /dev/shm; None: not mounted
-    cache_dir: str = ""
-    cache_free_bytes: int | None = None
-    cached_bytes: int = 0  # what the cache already holds of the planned model
-    described: bool = True  # False: a hand-written machine file, which says nothing of the host's services
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from typing import Any
 
 import pynvml
 
-from kiln.doctor.system import SystemProbe
 from kiln.hardware.fixtures import P2P_KEYS
 from kiln.hardware.host import HostProbe
+from kiln.hardware.system import SystemProbe
 
 Query = Callable[[Any, Any], Any]
 

@@ -1,5 +1,6 @@
-"""The doctor's view of the host beyond NVML: NVSwitches on the PCI bus, the NVIDIA services, /dev/shm, the cache
-disk. One adapter for the live machine (sysfs, statvfs, `systemctl is-active`) and one for a recorded fixture."""
+"""The host beyond NVML, as `kiln doctor` and `kiln detect --record` read it: NVSwitches on the PCI bus, the NVIDIA
+services, /dev/shm, the cache disk. One adapter for the live machine (sysfs, statvfs, `systemctl is-active`) and one
+for a recorded fixture."""
 
 from __future__ import annotations
 
@@ -7,14 +8,24 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-
-from kiln.doctor.facts import SystemFacts
 
 NVIDIA_VENDOR = "0x10de"
 BRIDGE_CLASS = "0x0680"  # NVSwitch
 UNITS = ("nvidia-fabricmanager", "nvidia-persistenced")
+
+
+@dataclass(frozen=True)
+class SystemFacts:
+    nvswitches: int = 0  # NVIDIA bridges (PCI class 0x0680) on the bus: an HGX board's NVSwitches
+    units: dict[str, str | None] = field(default_factory=dict)  # systemd unit -> is-active answer; None: absent
+    shm_bytes: int | None = None  # the size of /dev/shm; None: not mounted
+    cache_dir: str = ""
+    cache_free_bytes: int | None = None
+    cached_bytes: int = 0  # what the cache already holds of the planned model
+    described: bool = True  # False: a hand-written machine file, which says nothing of the host's services
 
 
 class SystemProbe(Protocol):
