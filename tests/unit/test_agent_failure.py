@@ -87,5 +87,5 @@ def test_a_blocking_preflight_fails_with_the_fix_and_starts_no_vllm(tmp_path: Pa
         assert not (tmp_path / "state" / "plan.json").exists()
         assert requests.get(f"{agent.health}/ready", timeout=2).status_code == 503
         motd = (tmp_path / "motd").read_text()
-        assert motd.startswith("kiln: NOT SERVING: driver: driver 570.133.20") and "kiln doctor" in motd
+        assert motd.startswith("kiln: NOT SERVING: pre-flight: driver: driver 570.133.20") and "kiln doctor" in motd
     assert "pre-flight: driver: driver 570.133.20 is older" in agent.output

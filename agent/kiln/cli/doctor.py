@@ -53,7 +53,7 @@ def _needs(kiln: Kiln, machine: Machine, profile_name: str | None) -> Needs | No
 
 def cmd_doctor(kiln: Kiln, args: argparse.Namespace) -> int:
     layout = ServeLayout(state_dir=args.state_dir)
-    cache = layout.state_dir / "huggingface"
+    cache = layout.hf_home
     machine, _ = kiln.doctor(args.machine, cache)
     profile = _profile_name(args, layout)
     needs = _needs(kiln, machine, profile)

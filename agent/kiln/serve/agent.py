@@ -147,7 +147,7 @@ class Agent:
         resolved = options.read_choice()
         state.set_phase(PLANNING)
         runtime = Runtime(vllm_command=options.vllm_command, models_dir=str(layout.models_dir),
-                          hf_home=str(layout.state_dir / "huggingface"), extra_env=options.extra_env)
+                          hf_home=str(layout.hf_home), extra_env=options.extra_env)
         models = ModelStep(client=self._hub_client, stopping=self.stopping,
                            replan=lambda choice: decide(self.kiln, options.machine, choice, runtime),
                            offline=os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"))
@@ -156,12 +156,9 @@ class Agent:
         self._report_problems(decision)
         if decision.failure or not decision.plan:
             if decision.machine is not None:  # what the machine itself says, beside why nothing can be planned
-                self.state.doctor = self.kiln.doctor(options.machine, layout.state_dir / "huggingface")[1].as_dict()
+                self.state.doctor = self.kiln.doctor(options.machine, layout.hf_home)[1].as_dict()
             what, fix = decision.failure or ("no plan", "")
-            state.fail(what, fix, fatal=True)
-            self._write_motd_failure(what, fix)
-            log.error("nothing to serve: %s (fix: %s)", what, fix)
-            sd_notify(f"STATUS=failed: {what}")
+            self._fail(what, fix, journal=f"nothing to serve: {what}")
             return
         if not self._preflight(decision, verdict):
             return
@@ -176,8 +173,7 @@ class Agent:
         try:
             self.supervisor = self._supervisor(decision, resolved)
         except KilnError as exc:
-            state.fail(exc.what, exc.fix, fatal=True)
-            log.error("%s (fix: %s)", exc.what, exc.fix)
+            self._fail(exc.what, exc.fix)
             return
         state.supervisor = self.supervisor
         state.set_phase(STARTING_PHASE)
@@ -185,11 +181,11 @@ class Agent:
         sd_notify(f"STATUS=serving {decision.plan.profile} on {len(decision.rendered)} instance(s)")
 
     def _hub_client(self, token: str | None) -> HubClient:
-        return HubClient(hub_cache(self.options.layout.state_dir / "huggingface"), token)
+        return HubClient(hub_cache(self.options.layout.hf_home), token)
 
     def _doctor(self, decision: Decision, verdict: HubVerdict | None) -> Report:
         assert decision.plan is not None and decision.profile is not None
-        cache = self.options.layout.state_dir / "huggingface"
+        cache = self.options.layout.hf_home
         needs = needs_of(decision.plan, decision.profile)
         if verdict and verdict.readable:  # the Hub's exact sizes instead of the estimate
             needs = dataclasses.replace(needs, model_bytes=verdict.bytes)
@@ -208,10 +204,8 @@ class Agent:
             self.models_cached = True
             return True
         if not self.stopping.is_set():
-            fix = "check the network and the disk; restart kiln-agent to resume (files already complete are kept)"
-            self.state.fail(why, fix, fatal=True)
-            self._write_motd_failure(why, fix)
-            log.error("%s (fix: %s)", why, fix)
+            self._fail(why, "check the network and the disk; restart kiln-agent to resume (files already complete "
+                       "are kept)")
         return False
 
     def _preflight(self, decision: Decision, verdict: HubVerdict | None = None) -> bool:
@@ -229,13 +223,19 @@ class Agent:
         if not report.blocking:
             log.info("pre-flight: %s", report.summary())
             return True
-        for check in report.blocking:
+        for check in report.blocking[1:]:
             log.error("pre-flight: %s: %s (fix: %s)", check.name, check.detail, check.fix)
         first = report.blocking[0]
-        self.state.fail(f"pre-flight: {first.name}: {first.detail}", first.fix, fatal=True)
-        self._write_motd_failure(f"{first.name}: {first.detail}", f"{first.fix} (`kiln doctor` for the full report)")
-        sd_notify(f"STATUS=failed: {first.name}: {first.detail}")
+        self._fail(f"pre-flight: {first.name}: {first.detail}", first.fix,
+                   motd_fix=f"{first.fix} (`kiln doctor` for the full report)")
         return False
+
+    def _fail(self, what: str, fix: str, *, journal: str | None = None, motd_fix: str | None = None) -> None:
+        """Nothing will be served: say why and how to fix it on /status, in the journal, the MOTD and to systemd."""
+        self.state.fail(what, fix, fatal=True)
+        log.error("%s (fix: %s)", journal or what, fix)
+        self._write_motd_text(f"kiln: NOT SERVING: {what}\nkiln: fix: {motd_fix or fix}\n")
+        sd_notify(f"STATUS=failed: {what}")
 
     def _report_problems(self, decision: Decision) -> None:
         for problem in decision.problems:
@@ -278,7 +278,7 @@ class Agent:
         launcher: Launcher = LocalProcesses()
         if options.systemd:
             # vLLM's caches live under HOME=/var/lib/kiln (kiln-vllm@.service).
-            writable = [layout.models_dir, layout.state_dir / "huggingface", layout.state_dir / ".cache"]
+            writable = [layout.models_dir, layout.hf_home, layout.state_dir / ".cache"]
             for folder in writable:
                 folder.mkdir(parents=True, exist_ok=True)
             give_to_user(options.service_user, layout.state_dir,
@@ -305,9 +305,6 @@ class Agent:
         spec = ProcessSpec(rendered.name, rendered.argv, env, log_file=_log(logs, rendered.name),
                            env_files=(self.options.layout.hf_token_env,))
         return Member(spec, probe_url=f"{base}/health", route_url=base, port=rendered.port)
-
-    def _write_motd_failure(self, what: str, fix: str) -> None:
-        self._write_motd_text(f"kiln: NOT SERVING: {what}\nkiln: fix: {fix}\n")
 
     def _write_motd(self, key: str) -> None:
         self._write_motd_text(f"kiln: OpenAI-compatible endpoint {self.state.endpoint}/v1 (model: see `kiln status`)\n"

@@ -26,6 +26,11 @@ class ServeLayout:
     local_host: str = "127.0.0.1"
 
     @property
+    def hf_home(self) -> Path:
+        """HF_HOME of the instances: the Hugging Face cache the agent downloads into."""
+        return self.state_dir / "huggingface"
+
+    @property
     def secrets_dir(self) -> Path:
         return IMAGE_SECRETS_DIR if self.state_dir == IMAGE_STATE_DIR else self.state_dir / "secrets"
 
