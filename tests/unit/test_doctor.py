@@ -28,7 +28,7 @@ from kiln.doctor.needs import needs_of
 from kiln.doctor.probe import read_health
 from kiln.doctor.report import FAIL, PASS, SKIP, WARN, Report
 from kiln.hardware.fixtures import RecordedNvml, load_fixture
-from kiln.hardware.system import LiveSystem, SystemFacts, hub_folder
+from kiln.hardware.system import LiveSystem, SystemFacts, hub_cache, repo_folder
 from kiln.planner.plan import make_plan
 from kiln.planner.types import Plan
 from kiln.wiring import Kiln
@@ -163,9 +163,12 @@ def test_the_live_system_reads_sysfs_shm_and_the_cache(tmp_path: Path) -> None:
         (sysfs / name / "vendor").write_text(vendor + "\n")
         (sysfs / name / "class").write_text(cls + "\n")
     cache = tmp_path / "hf"
-    blob = hub_folder(cache, "org/model") / "blobs" / "abc"
+    blob = repo_folder(hub_cache(cache), "org/model") / "blobs" / "abc"
     blob.parent.mkdir(parents=True)
     blob.write_bytes(b"x" * 4096)
+    snapshot = blob.parents[1] / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "model.safetensors").symlink_to("../../blobs/abc")  # the hub's layout: counted once
     facts = LiveSystem(sysfs=sysfs, shm=tmp_path / "not-a-mount").facts(cache, "org/model")
     assert facts.nvswitches == 1 and facts.shm_bytes is None
     assert facts.cached_bytes == 4096 and facts.cache_free_bytes and facts.cache_free_bytes > 0

@@ -19,7 +19,8 @@ from tests.hub_server import Hub, Repo, serve
 
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice
-from kiln.hub.client import GATED, MISSING, OK, HubClient, Progress, repo_folder
+from kiln.hardware.system import repo_folder
+from kiln.hub.client import GATED, MISSING, OK, HubClient, Progress
 from kiln.hub.files import Needed, RepoFile, files_vllm_loads
 from kiln.hub.preflight import HubVerdict
 from kiln.render.vllm import Runtime

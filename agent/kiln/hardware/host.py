@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -13,6 +14,30 @@ from kiln.hardware.model import Host
 AMD_VENDOR = "0x1002"
 # PCI classes: 0x03xxxx display controller, 0x12xxxx processing accelerator.
 ACCELERATOR_CLASSES = ("0x03", "0x12")
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    vendor: str  # "0x10de"
+    pci_class: str  # "0x068000"
+    device: str  # "0x22a3"; "" when sysfs does not say
+
+
+def pci_devices(sysfs: Path) -> list[PciDevice]:
+    """Every device under /sys/bus/pci/devices that tells its vendor and class, in bus order."""
+    found = []
+    for entry in sorted(sysfs.iterdir()) if sysfs.is_dir() else []:
+        try:
+            vendor = (entry / "vendor").read_text().strip()
+            pci_class = (entry / "class").read_text().strip()
+        except OSError:
+            continue
+        try:
+            device = (entry / "device").read_text().strip()
+        except OSError:
+            device = ""
+        found.append(PciDevice(vendor, pci_class, device))
+    return found
 
 
 class HostProbe(Protocol):
@@ -36,19 +61,8 @@ class LiveHost:
         )
 
     def foreign_accelerators(self) -> tuple[str, ...]:
-        found = []
-        if not self._sysfs.is_dir():
-            return ()
-        for device in sorted(self._sysfs.iterdir()):
-            try:
-                vendor = (device / "vendor").read_text().strip()
-                pci_class = (device / "class").read_text().strip()
-                device_id = (device / "device").read_text().strip()
-            except OSError:
-                continue
-            if vendor == AMD_VENDOR and pci_class.startswith(ACCELERATOR_CLASSES):
-                found.append(f"AMD GPU (PCI {vendor}:{device_id})")
-        return tuple(found)
+        return tuple(f"AMD GPU (PCI {d.vendor}:{d.device})" for d in pci_devices(self._sysfs)
+                     if d.vendor == AMD_VENDOR and d.pci_class.startswith(ACCELERATOR_CLASSES) and d.device)
 
 
 class RecordedHost:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from kiln.hardware.host import pci_devices
+
 NVIDIA_VENDOR = "0x10de"
 BRIDGE_CLASS = "0x0680"  # NVSwitch
 UNITS = ("nvidia-fabricmanager", "nvidia-persistenced")
@@ -32,21 +34,25 @@ class SystemProbe(Protocol):
     def facts(self, cache_dir: Path, model: str | None) -> SystemFacts: ...
 
 
-def hub_folder(cache_dir: Path, model: str) -> Path:
-    """huggingface_hub's cache folder for a model repository."""
-    return cache_dir / "hub" / ("models--" + model.replace("/", "--"))
+def hub_cache(hf_home: Path) -> Path:
+    """huggingface_hub's cache under HF_HOME."""
+    return hf_home / "hub"
 
 
-def _folder_bytes(path: Path) -> int:
-    if not path.is_dir():
-        return 0
+def repo_folder(cache: Path, repo: str) -> Path:
+    """A model repository's folder in huggingface_hub's cache."""
+    return cache / ("models--" + repo.replace("/", "--"))
+
+
+def blob_bytes(folder: Path) -> int:
+    """The bytes a repository's cache folder holds: its blobs, whole or still `.incomplete`. The snapshots only link
+    to them, so they are not counted again."""
     total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += (Path(root) / name).stat().st_size  # follows the hub's snapshot links to the blobs once
-            except OSError:
-                continue
+    for path in folder.glob("blobs/*"):
+        try:
+            total += path.stat().st_size
+        except OSError:
+            continue
     return total
 
 
@@ -62,17 +68,7 @@ class LiveSystem:
         self._shm = shm
 
     def _nvswitches(self) -> int:
-        if not self._sysfs.is_dir():
-            return 0
-        found = 0
-        for device in self._sysfs.iterdir():
-            try:
-                vendor = (device / "vendor").read_text().strip()
-                pci_class = (device / "class").read_text().strip()
-            except OSError:
-                continue
-            found += vendor == NVIDIA_VENDOR and pci_class.startswith(BRIDGE_CLASS)
-        return found
+        return sum(d.vendor == NVIDIA_VENDOR and d.pci_class.startswith(BRIDGE_CLASS) for d in pci_devices(self._sysfs))
 
     @staticmethod
     def _unit(name: str) -> str | None:
@@ -107,7 +103,7 @@ class LiveSystem:
             shm_bytes=self._shm_bytes(),
             cache_dir=str(cache_dir),
             cache_free_bytes=free,
-            cached_bytes=_folder_bytes(hub_folder(cache_dir, model)) if model else 0,
+            cached_bytes=blob_bytes(repo_folder(hub_cache(cache_dir), model)) if model else 0,
         )
 
 

@@ -18,6 +18,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from kiln.hardware.system import blob_bytes, repo_folder
 from kiln.hub.files import RepoFile, files_vllm_loads
 
 OK, GATED, MISSING, UNREACHABLE = "ok", "gated", "missing", "unreachable"
@@ -65,20 +66,6 @@ class Progress:
                 "rate_bytes_per_s": round(rate), "eta_s": round(left / rate, 1) if rate > 0 else None}
 
 
-def repo_folder(cache: Path, repo: str) -> Path:
-    return cache / ("models--" + repo.replace("/", "--"))
-
-
-def _folder_bytes(folder: Path) -> int:
-    total = 0
-    for path in folder.glob("blobs/*"):
-        try:
-            total += path.stat().st_size  # whole blobs and the `.incomplete` ones being written
-        except OSError:
-            continue
-    return total
-
-
 class HubClient:
     """`endpoint` None is huggingface_hub's own default (HF_ENDPOINT, else huggingface.co)."""
 
@@ -113,7 +100,7 @@ class HubClient:
         return RepoCheck(repo, revision, OK, tuple(files))
 
     def cached_bytes(self, repo: str) -> int:
-        return _folder_bytes(repo_folder(self.cache, repo))
+        return blob_bytes(repo_folder(self.cache, repo))
 
     def download(self, check: RepoCheck, on_progress: Callable[[Progress], None], every_s: float = 1.0) -> Path:
         """Exactly the files vLLM loads, resuming what an earlier attempt left; progress sampled every `every_s`."""
@@ -123,7 +110,7 @@ class HubClient:
 
         def watch() -> None:
             while not done.wait(every_s):
-                progress.sample(_folder_bytes(folder), time.monotonic())
+                progress.sample(blob_bytes(folder), time.monotonic())
                 on_progress(progress)
 
         os.environ.setdefault("HF_XET_HIGH_PERFORMANCE", "1")

@@ -24,6 +24,7 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.doctor.needs import needs_of
 from kiln.doctor.report import Report
 from kiln.errors import KilnError
+from kiln.hardware.system import hub_cache
 from kiln.hub.client import HubClient, Progress
 from kiln.hub.preflight import HubVerdict
 from kiln.render.systemd import instance_dropin
@@ -34,7 +35,7 @@ from kiln.serve.cost import hourly_price
 from kiln.serve.decide import Decision, decide
 from kiln.serve.health import HealthServer
 from kiln.serve.layout import ServeLayout
-from kiln.serve.models import Milestones, ModelStep, hub_cache
+from kiln.serve.models import Milestones, ModelStep
 from kiln.serve.notify import sd_notify
 from kiln.serve.processes import LocalProcesses, ProcessSpec
 from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv, nginx_config

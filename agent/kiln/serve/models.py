@@ -8,7 +8,6 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.select import FALLBACK_PROFILE
@@ -97,8 +96,3 @@ class Milestones:
             eta = f", {shown['eta_s']} s left" if shown["eta_s"] is not None else ""
             log.info("download %s: %d%% of %.2f GiB at %.1f MiB/s%s", progress.repo, 10 * tenth,
                      progress.bytes_total / 2**30, progress.rate_bytes_per_s / 2**20, eta)
-
-
-def hub_cache(hf_home: Path) -> Path:
-    """huggingface_hub's cache under HF_HOME, the one the instances read."""
-    return hf_home / "hub"
