@@ -18,6 +18,7 @@ from kiln.doctor.report import Report
 from kiln.doctor.stack import GpuStack
 from kiln.errors import ConfigError
 from kiln.hardware.detect import detect_fixture, detect_live, detect_recorded, gpu_catalog
+from kiln.hardware.disks import Mount
 from kiln.hardware.fixtures import RecordedNvml, fixture_names, load_fixture
 from kiln.hardware.host import LiveHost, RecordedHost
 from kiln.hardware.machine_file import machine_from_file
@@ -80,6 +81,10 @@ class Kiln:
             machine, health = self.machine(spec), NvmlHealth()
             system = SystemFacts(cache_dir=str(cache_dir), described=False)
         return machine, diagnose(machine, health, system, self.stack, needs, installed)
+
+    def mounts(self) -> list[Mount]:
+        """The filesystems mounted here, for the cache disk: always this machine's, whatever GPUs it is told of."""
+        return LiveSystem().mounts()
 
     def record(self, spec: str | None, name: str, description: str) -> dict[str, Any]:
         """This machine's answers (None), or a recorded machine's replayed, as a machine file."""

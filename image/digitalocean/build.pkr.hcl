@@ -13,6 +13,7 @@ build {
       jsonencode({
         kiln_agent_wheel        = abspath(var.kiln_wheel)
         kiln_agent_profiles_dir = abspath(local.profiles_dir)
+        kiln_models             = var.kiln_models
       }),
     ]
     ansible_env_vars = [

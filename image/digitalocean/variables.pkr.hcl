@@ -55,6 +55,14 @@ variable "kiln_wheel" {
   }
 }
 
+# Profiles whose models are baked into the snapshot for this droplet size (the build droplet plans them for its
+# own GPUs). Gated repositories need HF_TOKEN in the environment Packer runs in; it reaches Ansible only through it.
+variable "kiln_models" {
+  type        = list(string)
+  default     = []
+  description = "Profile names whose models are baked into the image, e.g. [\"llama-3.3-70b-instruct\"]."
+}
+
 variable "profiles_dir" {
   type        = string
   default     = ""

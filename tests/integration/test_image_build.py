@@ -32,8 +32,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if os.geteuid() != 0:
         pytest.fail("the local image build needs root (mmdebstrap, mounts, a loop device)")
     out = tmp_path_factory.mktemp("image")
-    proc = subprocess.run([KILN, "image", "build", "--out", str(out), "--json"], capture_output=True, text=True,
-                          timeout=BUILD_TIMEOUT_S, check=False)
+    proc = subprocess.run([KILN, "image", "build", "--out", str(out), "--json", "-e", 'kiln_models=["tiny-cpu"]'],
+                          capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
     assert proc.returncode == 0, f"build failed:\n{proc.stderr[-4000:]}"
     result: dict[str, Any] = json.loads(proc.stdout)
     result["progress"] = proc.stderr
@@ -49,6 +49,7 @@ def test_the_local_build_makes_a_bootable_qcow2(built: dict[str, Any], capsys: p
     steps = [line for line in built["progress"].splitlines() if line.startswith("[")]
     assert [s.split("]")[0] + "]" for s in steps] == [f"[{i}/6]" for i in range(1, 7)]
     assert "TASK [image_cleanup : Run the image check]" in built["progress"]
+    assert "TASK [kiln_agent : Bake the models into the image]" in built["progress"]
     assert not list(image.parent.glob(".work-*")), "the build's work folder is left behind"
     mounts = Path("/proc/self/mounts").read_text()
     assert str(image.parent) not in mounts
@@ -59,7 +60,7 @@ def test_the_local_build_makes_a_bootable_qcow2(built: dict[str, Any], capsys: p
 def test_the_image_boots_reads_user_data_and_serves_the_documented_ports(
         built: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = {p.pid for p in psutil.process_iter() if p.name().startswith("qemu-system")}
-    proc = subprocess.run([KILN, "image", "smoke", built["image"], "--json", "--keep", str(tmp_path)],
+    proc = subprocess.run([KILN, "image", "smoke", built["image"], "--json", "--keep", str(tmp_path), "--expect-baked"],
                           capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S, check=False)
     assert proc.stdout, proc.stderr[-4000:]
     result = json.loads(proc.stdout)
@@ -68,7 +69,7 @@ def test_the_image_boots_reads_user_data_and_serves_the_documented_ports(
     assert not failed and proc.returncode == 0, f"{failed}\n{proc.stderr[-3000:]}\n{console}"
     assert result["plan"]["profile"] == "tiny-cpu"
     lines = "\n".join(f"  PASS {c['name']}: {c['detail']}" for c in result["checks"])
-    report(capsys, f"{lines}\n  measured: {result['timings_s']}")
+    report(capsys, f"{lines}\n  measured: {result['timings_s']}\n  start-up: {json.dumps(result['startup'])}")
     after = {p.pid for p in psutil.process_iter() if p.name().startswith("qemu-system")}
     assert after <= before, "a QEMU process outlived the smoke test"
     assert "Cloud-init" in (tmp_path / "console.log").read_text(errors="replace")

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -32,6 +33,8 @@ TOKEN = "hf_kilnDownloadTestTokenAbCdEfGh"
 
 def profiles_with_a_hub_model(folder: Path) -> Path:
     """The catalog plus `tiny-hub`: tiny-cpu, but a gated repository on the Hub instead of a model made locally."""
+    if folder.exists():
+        return folder
     shutil.copytree(PROFILES, folder)
     tiny = yaml.safe_load((PROFILES / "tiny-cpu.yaml").read_text())
     tiny["name"] = "tiny-hub"
@@ -47,6 +50,22 @@ def hub(kiln: Kiln, tmp_path: Path) -> Iterator[Hub]:
     make_tiny_model(kiln.catalog().get("tiny-cpu"), made)
     with serve(Hub({REPO_ID: Repo.from_folder(made, gated=True, readers={TOKEN})})) as running:
         yield running
+
+
+@pytest.fixture
+def scratch_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real scratch disk: a sparse 1 TiB ext4 image on a loop device, mounted beside the boot disk (which has less
+    room), as a droplet's NVMe scratch disk is."""
+    image, mount = tmp_path / "scratch.img", tmp_path / "scratch"
+    mount.mkdir()
+    subprocess.run(["truncate", "-s", "1T", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=False)
+        image.unlink()
 
 
 @contextlib.contextmanager
@@ -82,7 +101,8 @@ def wait_for(health: str, phases: set[str], seen: list[str], proc: subprocess.Po
     return status
 
 
-def test_a_gated_model_downloads_once_and_serves_offline(hub: Hub, tmp_path: Path) -> None:
+def test_a_gated_model_downloads_once_to_the_scratch_disk_and_serves_offline(hub: Hub, tmp_path: Path,
+                                                                              scratch_disk: Path) -> None:
     settings = f"profile: tiny-hub\ninstances: 2\nhf_token: {TOKEN}\n"
     hub.bytes_per_s = 20_000  # slow enough to watch the download on /status
     with agent(tmp_path, hub, settings, 18600) as (proc, health):
@@ -96,9 +116,16 @@ def test_a_gated_model_downloads_once_and_serves_offline(hub: Hub, tmp_path: Pat
         files = {p.rsplit("/", 1)[-1] for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p}
         gets = [p for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p]
         assert len(gets) == len(files) >= 3  # every file once, by the agent alone, for two instances
+        cache = status["cache"]
+        assert isinstance(cache, dict) and cache["disk"] == "scratch" and cache["root"] == str(scratch_disk / "kiln")
+        assert "more room than the boot disk" in cache["reason"]
+        assert (scratch_disk / "kiln" / "huggingface" / "hub" / "models--kiln-test--tiny-llama" / "blobs").is_dir()
         servers = [p for p in psutil.Process(proc.pid).children(recursive=True)
                    if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
         assert len(servers) == 2 and all(p.environ().get("HF_HUB_OFFLINE") == "1" for p in servers)
+        compiled = scratch_disk / "kiln" / "compile" / "vllm"
+        assert all(p.environ().get("VLLM_CACHE_ROOT") == str(compiled) for p in servers)
+        assert any(compiled.rglob("*")), "vLLM's compile cache is on the scratch disk"
         key = (tmp_path / "state" / "api_key").read_text().strip()
         reply = requests.post("http://127.0.0.1:18600/v1/completions", timeout=60,
                               headers={"Authorization": f"Bearer {key}"},
@@ -124,3 +151,53 @@ def test_a_gated_model_without_a_token_says_what_to_do(hub: Hub, tmp_path: Path)
         assert not [p for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p]  # nothing was downloaded
     log = (tmp_path / "agent.log").read_text()
     assert f"{REPO_ID} is gated and no hf_token is set" in log
+
+
+def test_a_model_baked_into_the_image_boots_without_the_hub(hub: Hub, tmp_path: Path) -> None:
+    profiles = profiles_with_a_hub_model(tmp_path / "profiles")
+    baked = subprocess.run([KILN, "--profiles-dir", str(profiles), "models", "bake", "--profile", "tiny-hub",
+                            "--machine", "cpu-only", "--state-dir", str(tmp_path / "state"), "--warm"],
+                           capture_output=True, text=True, timeout=600, check=False,
+                           env={**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN})
+    assert baked.returncode == 0, baked.stderr
+    assert REPO_ID in baked.stdout and "baked for cpu-only: tiny-hub" in baked.stdout
+    compiled = tmp_path / "state" / "compile" / "vllm"
+    assert "warmed tiny-hub: ready in" in baked.stdout and any(compiled.rglob("*"))
+    asked = len(hub.requests)
+    # No token at boot: a gated repository that is baked needs none.
+    with agent(tmp_path, hub, "profile: tiny-hub\ninstances: 1\n", 18620) as (proc, health):
+        status = wait_for(health, {"ready", "failed"}, [], proc, 600)
+        assert status.get("phase") == "ready", (tmp_path / "agent.log").read_text()[-3000:]
+        download = status["download"]
+        assert isinstance(download, dict) and download["state"] == "baked"
+        detail = str(download["detail"])
+        assert detail.startswith(f"{REPO_ID}: ") and "baked into the image and complete" in detail
+        cache = status["cache"]
+        assert isinstance(cache, dict) and cache["disk"] == "boot" and "already holds" in cache["reason"]
+        servers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
+        assert servers and all(p.environ().get("HF_HUB_OFFLINE") == "1" for p in servers)
+        assert all(p.environ().get("VLLM_CACHE_ROOT") == str(compiled) for p in servers)  # the warmed caches
+        startup = status["startup"]
+        assert isinstance(startup, dict)
+        steps = [s["step"] for s in startup["agent"]["steps"]]
+        assert steps == ["start kiln (Python, imports)", "read the choice", "detect and plan", "ask the Hub",
+                         "choose the cache disk", "pre-flight", "download", "start the units"]
+        timeline = wait_for_timeline(health, "vllm-0")
+        assert timeline["ready_s"] > 0 and timeline["phases"][0]["phase"] == "weights loaded"
+    assert len(hub.requests) == asked, hub.requests[asked:]  # the boot asked the Hub nothing
+    log = (tmp_path / "agent.log").read_text()
+    assert "baked into the image and complete: nothing to download" in log
+    assert "vllm-0 ready" in log and "agent's own share of the start" in log
+
+
+def wait_for_timeline(health: str, name: str, timeout_s: float = 30) -> dict[str, Any]:
+    """An instance's start-up phases once the agent has read them from its log (it does every few seconds)."""
+    deadline = time.monotonic() + timeout_s
+    timeline: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        timeline = requests.get(f"{health}/status", timeout=5).json()["startup"].get("instances", {}).get(name, {})
+        if timeline.get("ready_s") is not None:
+            break
+        time.sleep(1)
+    return timeline

@@ -12,7 +12,9 @@ import yaml
 from tests.conftest import DATA
 
 from kiln.errors import ConfigError
+from kiln.hardware.disks import mount_of
 from kiln.hardware.model import Machine
+from kiln.hardware.system import RecordedSystem
 from kiln.wiring import Kiln
 
 KILN = str(Path(sys.executable).parent / "kiln")
@@ -57,3 +59,8 @@ def test_this_machine_records_and_reads_back(tmp_path: Path) -> None:
                           timeout=60, check=False)
     assert back.returncode == 0, back.stderr
     assert '"gpus": []' in back.stdout
+    # The mounted filesystems too, for the cache disk: here the root on its block device.
+    recorded = yaml.safe_load(path.read_text())
+    mounts = RecordedSystem(recorded).mounts()
+    root = mount_of("/", mounts)
+    assert root is not None and root.device.startswith("/dev/") and root.free_bytes > 0

@@ -7,6 +7,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from kiln.serve.apikey import ensure_api_key
 from kiln.serve.cost import TokenMeter, hourly_price, usd_per_million_tokens
 from kiln.serve.decide import Decision, decide
 from kiln.serve.layout import ServeLayout
-from kiln.serve.processes import ProcessSpec
+from kiln.serve.processes import LocalProcesses, ProcessSpec
 from kiln.serve.proxy import PUBLIC_PATHS, ProxySettings, nginx_argv, nginx_config
 from kiln.serve.router import RouterSettings, router_argv
 from kiln.serve.state import AgentState
@@ -158,6 +159,30 @@ def test_systemd_launcher_starts_units_with_their_dropins(tmp_path: Path) -> Non
                          ["start", "--no-block", "kiln-vllm@vllm-0.service"]]
     assert ["start", "--no-block", "kiln-router.service"] in calls
     assert router.exit_code() == 137  # systemd gave up on it: the supervisor's backoff takes over
+
+
+def test_a_unit_reads_only_its_current_run_from_the_journal() -> None:
+    asked: list[list[str]] = []
+
+    def systemctl(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 0, "6f2c0d1e9a\n" if "InvocationID" in argv else "", "")
+
+    def journal(argv: list[str]) -> str:
+        asked.append(argv)
+        return "INFO 11-23 07:09:30 [api_utils.py:286] non-default args: {}\n"
+
+    lines = Unit("kiln-vllm@vllm-0.service", systemctl, journal).log_lines()
+    assert lines == ["INFO 11-23 07:09:30 [api_utils.py:286] non-default args: {}"]
+    assert asked == [["-u", "kiln-vllm@vllm-0.service", "_SYSTEMD_INVOCATION_ID=6f2c0d1e9a", "-o", "cat", "-q",
+                      "--no-pager"]]
+
+
+def test_a_local_process_reads_only_what_its_current_start_logged(tmp_path: Path) -> None:
+    log = tmp_path / "vllm-0.log"
+    log.write_text("the run before\n")
+    running = LocalProcesses().start(ProcessSpec("vllm-0", ("sh", "-c", "echo this run"), log_file=log))
+    running.finish(time.monotonic() + 10)
+    assert running.log_lines() == ["this run"]
 
 
 def _as_nobody() -> None:

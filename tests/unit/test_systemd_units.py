@@ -50,7 +50,9 @@ def plan_dropins(kiln: Kiln) -> tuple[list[RenderedInstance], dict[str, str]]:
     p = make_plan(kiln.machine("h100x8"), kiln.catalog().get("llama-3.1-8b-instruct"), Choice(), kiln.constants)
     assert isinstance(p, Plan)
     rendered = render_instances(p, Runtime())
-    return rendered, {dropin_path(r.name): instance_dropin(r, profile=p.profile) for r in rendered}
+    # The cache on a scratch disk, as the agent writes it, so systemd-analyze reads ReadWritePaths= too.
+    return rendered, {dropin_path(r.name): instance_dropin(r, profile=p.profile, writable=("/mnt/scratch/kiln",))
+                      for r in rendered}
 
 
 def test_unit_files_are_shipped() -> None:

@@ -17,6 +17,7 @@ from kiln.hardware.model import Machine
 from kiln.planner.plan import make_plan
 from kiln.planner.types import Plan
 from kiln.render.vllm import find_vllm_python
+from kiln.serve.caches import place_caches
 from kiln.serve.layout import ServeLayout
 from kiln.wiring import Kiln
 
@@ -60,6 +61,9 @@ def cmd_doctor(kiln: Kiln, args: argparse.Namespace) -> int:
     if profile and needs is None:
         print(f"kiln: {profile} cannot be planned on {machine.name} (`kiln plan --profile {profile}` says why); "
               "the checks that depend on the plan are skipped", file=sys.stderr)
+    if args.machine is None:  # the disk the agent would put the model on, as it chooses it at boot
+        repos = [needs.model] if needs and needs.model else []
+        cache = place_caches(kiln.mounts(), layout.state_dir, repos).hf_home
     _, report = kiln.doctor(args.machine, cache, needs, find_vllm_python())
     if args.json:
         print_json({**report.as_dict(), "profile": profile if needs else None})

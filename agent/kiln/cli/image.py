@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 from pathlib import Path
@@ -24,6 +25,17 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _extra_var(text: str) -> tuple[str, object]:
+    """KEY=VALUE for the playbook; a VALUE in JSON list or mapping form is that list or mapping."""
+    key, value = _key_value(text)
+    if value.lstrip().startswith(("[", "{")):
+        try:
+            return key, json.loads(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{key}: {value!r} is not valid JSON ({exc})") from exc
+    return key, value
+
+
 def add_parsers(sub: Any) -> None:
     image = sub.add_parser("image", help="bake a kiln machine image, or boot-test one")
     actions = image.add_subparsers(dest="action", required=True)
@@ -35,8 +47,9 @@ def add_parsers(sub: Any) -> None:
     build.add_argument("--version", default=__version__, help=f"the image version (default: {__version__})")
     build.add_argument("--repo", type=Path, help="the kiln checkout with image/ and roles/ (default: found)")
     build.add_argument("--ansible-playbook", help="ansible-playbook to run (default: PATH, then .venv-tools/)")
-    build.add_argument("-e", "--extra-var", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                       help="local: a role variable for the playbook, e.g. -e vllm_flavour=cpu (repeatable)")
+    build.add_argument("-e", "--extra-var", type=_extra_var, action="append", default=[], metavar="KEY=VALUE",
+                       help="local: a variable for the playbook, e.g. -e vllm_flavour=cpu or "
+                            "-e kiln_models='[\"tiny-cpu\"]' (JSON for lists; repeatable)")
     build.add_argument("--disk-gb", type=int, default=16, help="local: the disk's virtual size (default: 16)")
     build.add_argument("--wheelhouse", type=Path, action="append",
                        help="local: a folder of wheels the image's pip may use (default: this machine's pip "
@@ -53,6 +66,8 @@ def add_parsers(sub: Any) -> None:
     smoke.add_argument("--memory-mb", type=int, default=4096)
     smoke.add_argument("--cpus", type=int, default=2)
     smoke.add_argument("--keep", type=Path, help="keep the console log and collected files in this folder")
+    smoke.add_argument("--expect-baked", action="store_true",
+                       help="the image was built with -e kiln_models naming the profile: check the agent used it")
     smoke.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -86,7 +101,8 @@ def cmd_image(kiln: Kiln, args: argparse.Namespace) -> int:
 
 
 def _smoke(args: argparse.Namespace) -> int:
-    checks, seen = SmokeTest(args.image, args.profile, args.timeout, args.memory_mb, args.cpus, args.keep).run()
+    checks, seen = SmokeTest(args.image, args.profile, args.timeout, args.memory_mb, args.cpus, args.keep,
+                             expect_baked=args.expect_baked).run()
     report = smoke.report_dict(checks, seen)
     if args.json:
         print_json(report)

@@ -18,7 +18,7 @@ from kiln.choice.resolve import resolve_choice
 from kiln.choice.schema import SECRET_FIELDS, Choice, validate_fields
 from kiln.choice.select import select_profile
 from kiln.choice.sources import SourceReader
-from kiln.cli import bench, doctor, image, serving
+from kiln.cli import bench, doctor, image, models, serving
 from kiln.cli.output import print_json, table
 from kiln.cli.views import machine_dict, machine_text, plan_dict, plan_text, profile_row
 from kiln.errors import KilnError
@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_parsers(sub)
     bench.add_parsers(sub)
     image.add_parsers(sub)
+    models.add_parsers(sub)
     return parser
 
 
@@ -210,7 +211,7 @@ def cmd_choice(kiln: Kiln, args: argparse.Namespace) -> int:
 
 COMMANDS = {"detect": cmd_detect, "profiles": cmd_profiles, "plan": cmd_plan, "choice": cmd_choice,
             "agent": serving.cmd_agent, "up": serving.cmd_up, "status": serving.cmd_status, "bench": bench.cmd_bench,
-            "image": image.cmd_image, "doctor": doctor.cmd_doctor}
+            "image": image.cmd_image, "doctor": doctor.cmd_doctor, "models": models.cmd_models}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -101,8 +101,13 @@ def cmd_agent(kiln: Kiln, args: argparse.Namespace) -> int:
     options = AgentOptions(layout=layout, read_choice=lambda: resolve_choice(SourceReader(root=args.root).read()),
                            machine=args.machine, vllm_command=_agent_vllm(), advertised_host=_primary_address(),
                            motd_file=args.motd, systemd=_use_systemd(args.launcher),
-                           router=RouterSettings(policy=args.router_policy))
+                           router=RouterSettings(policy=args.router_policy), process_started=_process_started())
     return _serve(Agent(kiln, options))
+
+
+def _process_started() -> float:
+    """When this process began (epoch seconds): the agent's start-up counts Python and its imports too."""
+    return psutil.Process().create_time()
 
 
 def _agent_vllm() -> tuple[str, ...]:
@@ -141,7 +146,7 @@ def cmd_up(kiln: Kiln, args: argparse.Namespace) -> int:
     options = AgentOptions(layout=layout, read_choice=lambda: ResolvedChoice(choice, origins),
                            machine=args.machine, vllm_command=(find_vllm_python(), *MODULE_VLLM),
                            advertised_host=args.host if args.host != "0.0.0.0" else _primary_address(),
-                           router=RouterSettings(policy=args.router_policy),
+                           router=RouterSettings(policy=args.router_policy), process_started=_process_started(),
                            self_check=None if args.no_self_check else SelfCheckSettings())
     agent = Agent(kiln, options)
     print(f"kiln up: {args.profile} on this machine; state in {layout.state_dir}")
@@ -185,6 +190,22 @@ def download_bar(d: dict[str, Any], width: int = 30) -> str:
             + rate + (f", {eta:.0f} s left" if eta and done < total else ""))
 
 
+def startup_lines(startup: dict[str, Any]) -> list[str]:
+    """The start-up timeline: the agent's own steps, then each instance's vLLM phases."""
+    lines: list[str] = []
+    agent = startup.get("agent")
+    if agent:
+        steps = ", ".join(f"{st['step']} {st['seconds']:.2f} s" for st in agent["steps"])
+        lines += ["", f"start-up  the agent's own share {agent['own_s']:.2f} s ({steps})"]
+    for name, timeline in sorted((startup.get("instances") or {}).items()):
+        phases = ", ".join(f"{p['phase']} {p['seconds']:.1f} s" + (f" ({p['gib']:.2f} GiB)" if "gib" in p else "")
+                           for p in timeline["phases"])
+        ready = f"ready in {timeline['ready_s']:.1f} s" if timeline.get("ready_s") is not None else "starting"
+        cache = f", compile cache {timeline['compile_cache']}" if timeline.get("compile_cache") else ""
+        lines.append(f"  {name}: {ready}{cache}: {phases or 'no phase logged yet'}")
+    return lines
+
+
 def status_text(s: dict[str, Any], key: str) -> str:
     plan = s.get("plan") or {}
     lines = [f"phase     {s.get('phase')}", f"endpoint  {s.get('endpoint')}/v1",
@@ -194,7 +215,12 @@ def status_text(s: dict[str, Any], key: str) -> str:
                      f"TP{plan.get('tensor_parallel_size')} x {len(plan.get('instances', []))})")
     download = s.get("download")
     if download:
-        lines.append(f"download  {download_bar(download)}")
+        baked = download.get("state") == "baked"
+        lines.append(f"download  {download['detail'] + ': nothing to download' if baked else download_bar(download)}")
+    cache = s.get("cache")
+    if cache:
+        lines.append(f"cache     {cache['root']} on the {cache['disk']} disk ({cache['device']}, "
+                     f"{int(cache['free_bytes']) / 2**30:,.0f} GiB free): {cache['reason']}")
     serving = s.get("serving") or {}
     cost = serving.get("usd_per_million_output_tokens")
     lines.append(f"rate      {serving.get('output_tokens_per_s', 0)} output tokens/s"
@@ -210,6 +236,7 @@ def status_text(s: dict[str, Any], key: str) -> str:
                               g["temperature_c"], g["power_w"]] for g in gpus])]
     if plan.get("explanation"):
         lines += ["", "why: " + plan["explanation"]]
+    lines += startup_lines(s.get("startup") or {})
     doctor = s.get("doctor") or {}
     if doctor:
         lines += ["", f"pre-flight {doctor.get('verdict')} (`kiln doctor` for the full report)"]

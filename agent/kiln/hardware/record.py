@@ -148,7 +148,8 @@ def record_machine(name: str, description: str, nvml: Any, host: HostProbe, syst
         "host": {"cpu_count": h.cpu_count, "memory_bytes": h.memory_bytes, "disk_free_bytes": h.disk_free_bytes},
     }
     if facts.described:
-        data["system"] = {"nvswitches": facts.nvswitches, "units": dict(facts.units), "shm_bytes": facts.shm_bytes}
+        data["system"] = {"nvswitches": facts.nvswitches, "units": dict(facts.units), "shm_bytes": facts.shm_bytes,
+                          "mounts": [m.as_dict() for m in system.mounts() if m.device.startswith("/dev/")]}
     data["pci_accelerators"] = [{"name": a} for a in host.foreign_accelerators()]
     data["nvml"] = record_nvml(nvml, h.cpu_count)
     return data

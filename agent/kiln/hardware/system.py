@@ -4,6 +4,7 @@ for a recorded fixture."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from kiln.hardware.disks import Mount, parse_mountinfo
 from kiln.hardware.host import pci_devices
 
 NVIDIA_VENDOR = "0x10de"
@@ -32,6 +34,8 @@ class SystemFacts:
 
 class SystemProbe(Protocol):
     def facts(self, cache_dir: Path, model: str | None) -> SystemFacts: ...
+
+    def mounts(self) -> list[Mount]: ...
 
 
 def hub_cache(hf_home: Path) -> Path:
@@ -63,9 +67,27 @@ def _existing(path: Path) -> Path:
 
 
 class LiveSystem:
-    def __init__(self, sysfs: Path = Path("/sys/bus/pci/devices"), shm: Path = Path("/dev/shm")) -> None:
+    def __init__(self, sysfs: Path = Path("/sys/bus/pci/devices"), shm: Path = Path("/dev/shm"),
+                 mountinfo: Path = Path("/proc/self/mountinfo")) -> None:
         self._sysfs = sysfs
         self._shm = shm
+        self._mountinfo = mountinfo
+
+    def mounts(self) -> list[Mount]:
+        """The mounted filesystems with their size and free space (statvfs; a mount that cannot be read is 0)."""
+        try:
+            text = self._mountinfo.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+        sized: list[Mount] = []
+        for mount in parse_mountinfo(text):
+            try:
+                st = os.statvfs(mount.path)
+                total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+            except OSError:
+                total = free = 0
+            sized.append(dataclasses.replace(mount, total_bytes=total, free_bytes=free))
+        return sized
 
     def _nvswitches(self) -> int:
         return sum(d.vendor == NVIDIA_VENDOR and d.pci_class.startswith(BRIDGE_CLASS) for d in pci_devices(self._sysfs))
@@ -115,6 +137,13 @@ class RecordedSystem:
         self._described = "system" in data
         self._system: Mapping[str, Any] = data.get("system") or {}
         self._disk_free = int(data["host"]["disk_free_bytes"])
+
+    def mounts(self) -> list[Mount]:
+        """The recorded filesystems; a recording without them has one: the root on its host disk."""
+        listed = self._system.get("mounts")
+        if listed:
+            return [Mount.from_dict(m) for m in listed]
+        return [Mount("/", "/dev/vda1", "ext4", "252:1", total_bytes=self._disk_free, free_bytes=self._disk_free)]
 
     def facts(self, cache_dir: Path, model: str | None) -> SystemFacts:
         s = self._system

@@ -23,7 +23,8 @@ EPHEMERAL_FROM = 32768  # Linux's ip_local_port_range: vLLM's engine sockets bin
 AGENT_STARTED = ("starting", "ready", "degraded")
 LAYOUT = ServeLayout()  # the image's documented ports
 INSTANCE_USER = "kiln"  # kiln-vllm@.service's User=
-STATE_DIRS = ("/var/lib/kiln", "/var/lib/kiln/huggingface")  # HOME (vLLM, torch, Triton caches) and HF_HOME
+# HOME, HF_HOME and the compile caches (VLLM_CACHE_ROOT, Inductor, Triton) on the boot disk.
+STATE_DIRS = ("/var/lib/kiln", "/var/lib/kiln/huggingface", "/var/lib/kiln/compile")
 OBJECTIVE = "latency"  # not the default (throughput), so the plan shows the user-data was read
 
 
@@ -134,7 +135,7 @@ class Observed:
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
-def judge(seen: Observed, profile: str) -> list[Check]:
+def judge(seen: Observed, profile: str, expect_baked: bool = False) -> list[Check]:
     checks = []
     errors = (seen.cloud_init_result or {}).get("v1", {}).get("errors")
     done = "status: done" in seen.cloud_init_status
@@ -170,6 +171,11 @@ def judge(seen: Observed, profile: str) -> list[Check]:
                         f"HTTP {seen.public_unauthorized} without a key"))
     checks.append(Check("the health endpoint is not reachable from outside", seen.health_from_outside != "answered",
                         seen.health_from_outside))
+    if expect_baked:
+        download = status.get("download") or {}
+        checks.append(Check("the model baked into the image is used: nothing downloaded or made at boot",
+                            download.get("state") == "baked",
+                            str(download.get("detail") or f"no baked model found; download: {download or 'none'}")))
     return checks
 
 
@@ -178,6 +184,9 @@ def report_dict(checks: list[Check], seen: Observed) -> dict[str, Any]:
             "timings_s": {k: round(v, 1) for k, v in seen.timings_s.items()},
             "phase": (seen.agent_status or {}).get("phase"),
             "plan": (seen.agent_status or {}).get("plan"),
+            "download": (seen.agent_status or {}).get("download"),
+            "cache": (seen.agent_status or {}).get("cache"),
+            "startup": (seen.agent_status or {}).get("startup"),
             "listeners": [s.__dict__ for s in seen.listeners]}
 
 

@@ -59,6 +59,7 @@ class SmokeTest:
     cpus: int = 2
     keep: Path | None = None
     progress: Progress | None = None
+    expect_baked: bool = False  # the image was built with kiln_models naming the profile
 
     def run(self) -> tuple[list[smoke.Check], smoke.Observed]:
         missing = [t for t in TOOLS if shutil.which(t) is None]
@@ -126,7 +127,7 @@ class SmokeTest:
 
             progress.step("power off")
             seen.timings_s["poweroff_s"] = _power_off(qemu, qmp)
-        return smoke.judge(seen, self.profile), seen
+        return smoke.judge(seen, self.profile, self.expect_baked), seen
 
     def _prepare(self, work: Path) -> tuple[Path, Path, Path]:
         overlay = work / "overlay.qcow2"

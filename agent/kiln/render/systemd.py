@@ -64,8 +64,9 @@ def dropin_path(name: str) -> str:
     return f"{instance_unit_name(name)}.d/{DROPIN_NAME}"
 
 
-def instance_dropin(inst: RenderedInstance, *, profile: str) -> str:
-    """The drop-in for kiln-vllm@NAME.service: its GPUs' device nodes, CPUs, NUMA node and a description."""
+def instance_dropin(inst: RenderedInstance, *, profile: str, writable: tuple[str, ...] = ()) -> str:
+    """The drop-in for kiln-vllm@NAME.service: its GPUs' device nodes, CPUs, NUMA node, a description, and the
+    folders beyond /var/lib/kiln it writes (the cache on a scratch disk)."""
     gpus = ",".join(map(str, inst.gpus)) or "none (CPU)"
     description = f"kiln vLLM instance {inst.name} ({profile}, GPUs {gpus}, port {inst.port})"
     lines = [
@@ -82,6 +83,8 @@ def instance_dropin(inst: RenderedInstance, *, profile: str) -> str:
         lines.append(f"CPUAffinity={_cpu_list(inst.cpus)}")
     if inst.numa_node is not None:
         lines += ["NUMAPolicy=bind", f"NUMAMask={inst.numa_node}"]
+    # ReadWritePaths= adds to the template's /var/lib/kiln under ProtectSystem=strict.
+    lines += [f"ReadWritePaths={quote(path)}" for path in writable]
     return "\n".join(lines) + "\n"
 
 

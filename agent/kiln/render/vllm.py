@@ -30,6 +30,9 @@ def vllm_python(vllm_command: tuple[str, ...]) -> str:
     return str(PurePosixPath(vllm_command[0]).parent / "python")
 
 
+CUDA_CACHE_MAX_BYTES = 4 * 2**30  # the largest CUDA_CACHE_MAXSIZE the driver honours (the default is 256 MiB)
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Where things live on the machine that will run the plan."""
@@ -39,6 +42,8 @@ class Runtime:
     hf_home: str = "/var/lib/kiln/huggingface"
     host: str = "127.0.0.1"
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    # The compile and kernel caches' folder on the cache disk; None leaves them under the instances' $HOME.
+    cache_root: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ def vllm_env(plan: Plan, instance: InstancePlan, runtime: Runtime) -> dict[str, 
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    if runtime.cache_root:
+        env.update(compile_cache_env(runtime.cache_root, plan.engine.device))
     if plan.engine.device == "cuda":
         # NVML numbers GPUs in PCI bus order; CUDA's default order is fastest-first.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -118,6 +125,18 @@ def vllm_env(plan: Plan, instance: InstancePlan, runtime: Runtime) -> dict[str, 
         if omp:
             env["VLLM_CPU_OMP_THREADS_BIND"] = f"{omp[0]}-{omp[-1]}"
     env.update(dict(runtime.extra_env))
+    return env
+
+
+def compile_cache_env(root: str, device: str) -> dict[str, str]:
+    """torch.compile artifacts (vLLM keys them by a hash of the configuration, so instances alike share them),
+    Inductor's and Triton's kernels, and the CUDA driver's JIT cache, all under one folder that survives restarts."""
+    base = PurePosixPath(root)
+    env = {"VLLM_CACHE_ROOT": str(base / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(base / "inductor"),
+           "TRITON_CACHE_DIR": str(base / "triton")}
+    if device == "cuda":
+        env["CUDA_CACHE_PATH"] = str(base / "nv")
+        env["CUDA_CACHE_MAXSIZE"] = str(CUDA_CACHE_MAX_BYTES)
     return env
 
 

@@ -24,13 +24,17 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.doctor.needs import needs_of
 from kiln.doctor.report import Report
 from kiln.errors import KilnError
+from kiln.hardware.disks import CacheDisk
 from kiln.hardware.system import hub_cache
+from kiln.hub.baked import MANIFEST, read_manifest
 from kiln.hub.client import HubClient, Progress
+from kiln.hub.files import repos_for
 from kiln.hub.preflight import HubVerdict
 from kiln.render.systemd import instance_dropin
 from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime, vllm_python
 from kiln.serve import metrics as prom
 from kiln.serve.apikey import ensure_api_key, write_private
+from kiln.serve.caches import Caches, place_caches
 from kiln.serve.cost import hourly_price
 from kiln.serve.decide import Decision, decide
 from kiln.serve.health import HealthServer
@@ -41,6 +45,7 @@ from kiln.serve.processes import LocalProcesses, ProcessSpec
 from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv, nginx_config
 from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
 from kiln.serve.selfcheck import SelfCheckSettings, self_check_result
+from kiln.serve.startup import AgentSteps, parse_startup
 from kiln.serve.state import DETECTING, DOWNLOADING, PLANNING, STARTING_PHASE, AgentState
 from kiln.serve.supervisor import Launcher, Member, Supervisor, SupervisorSettings
 from kiln.serve.systemd_units import SystemdUnits
@@ -70,6 +75,7 @@ class AgentOptions:
     self_check: SelfCheckSettings | None = field(default_factory=SelfCheckSettings)
     systemd: bool = False  # start each process as its systemd unit (the image) instead of as a child
     service_user: str = "kiln"  # with systemd: the units' User=, who must read the files the agent writes
+    process_started: float | None = None  # epoch seconds the process began, to time Python and the imports too
 
 
 def _log(folder: Path | None, name: str) -> Path | None:
@@ -121,6 +127,10 @@ class Agent:
         self.stopping = threading.Event()
         self._self_check: threading.Thread | None = None
         self.models_cached = False  # the plan's repositories are in the cache: the instances start offline
+        self.caches = Caches(CacheDisk(str(layout.state_dir), "", "", 0, False, "not chosen yet"))
+        self.steps = AgentSteps()
+        self._lap_from = time.monotonic()
+        self._timelines: dict[str, tuple[object, bool]] = {}  # instance -> (the run its timeline is of, complete)
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -142,17 +152,36 @@ class Agent:
     def stop(self) -> None:
         self.stopping.set()
 
+    def _lap(self, step: str) -> None:
+        now = time.monotonic()
+        self.steps.add(step, now - self._lap_from)
+        self._lap_from = now
+        self.state.startup["agent"] = self.steps.as_dict()
+
     def _boot(self) -> None:
         options, layout, state = self.options, self.options.layout, self.state
+        if options.process_started is not None:
+            self.steps.add("start kiln (Python, imports)", max(0.0, time.time() - options.process_started))
+        self._lap_from = time.monotonic()
         state.set_phase(DETECTING)
         resolved = options.read_choice()
+        self._lap("read the choice")
         state.set_phase(PLANNING)
         runtime = Runtime(vllm_command=options.vllm_command, models_dir=str(layout.models_dir),
                           hf_home=str(layout.hf_home), extra_env=options.extra_env)
         models = ModelStep(client=self._hub_client, stopping=self.stopping,
                            replan=lambda choice: decide(self.kiln, options.machine, choice, runtime),
-                           offline=os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"))
-        decision, verdict = models.check(decide(self.kiln, options.machine, resolved, runtime), resolved)
+                           offline=os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"),
+                           manifest=read_manifest(layout.state_dir / MANIFEST), baked_cache=layout.hf_home,
+                           models_dir=layout.models_dir)
+        first = decide(self.kiln, options.machine, resolved, runtime)
+        self._lap("detect and plan")
+        decision, verdict = models.check(first, resolved)
+        if models.baked:
+            self.models_cached = True
+            state.download = {"state": "baked", "detail": models.baked}
+            log.info("model: %s: nothing to download", models.baked)
+        self._lap("ask the Hub")
         state.choice = decision.choice_report()
         self._report_problems(decision)
         if decision.failure or not decision.plan:
@@ -161,10 +190,15 @@ class Agent:
             what, fix = decision.failure or ("no plan", "")
             self._fail(what, fix, journal=f"nothing to serve: {what}")
             return
+        self.caches = self._place_caches(decision)
+        decision.render(self.caches.runtime(runtime))
+        self._lap("choose the cache disk")
         if not self._preflight(decision, verdict):
             return
+        self._lap("pre-flight")
         if verdict and verdict.readable and not self._download(models, verdict, resolved.choice.hf_token):
             return
+        self._lap("download")
         self.decision = decision
         state.plan = decision.plan_report()
         write_private(layout.plan_file, json.dumps(state.plan, indent=2) + "\n")
@@ -179,14 +213,27 @@ class Agent:
         state.supervisor = self.supervisor
         state.set_phase(STARTING_PHASE)
         self.supervisor.start()
+        self._lap("start the units")
+        log.info("agent's own share of the start: %.2f s (%s)", self.steps.as_dict()["own_s"],
+                 ", ".join(f"{n} {s:.2f} s" for n, s in self.steps.steps))
         sd_notify(f"STATUS=serving {decision.plan.profile} on {len(decision.rendered)} instance(s)")
 
     def _hub_client(self, token: str | None) -> HubClient:
-        return HubClient(hub_cache(self.options.layout.hf_home), token)
+        return HubClient(hub_cache(self.caches.hf_home), token)
+
+    def _place_caches(self, decision: Decision) -> Caches:
+        assert decision.plan is not None and decision.profile is not None
+        layout = self.options.layout
+        local = any(c.local for c in decision.profile.checkpoints.values())
+        repos = [n.repo for n in repos_for(decision.plan, local)]
+        caches = place_caches(self.kiln.mounts(), layout.state_dir, repos)
+        self.state.cache = caches.as_dict()
+        log.info("cache disk: %s: %s", caches.root, caches.disk.reason)
+        return caches
 
     def _doctor(self, decision: Decision, verdict: HubVerdict | None) -> Report:
         assert decision.plan is not None and decision.profile is not None
-        cache = self.options.layout.hf_home
+        cache = self.caches.hf_home
         needs = needs_of(decision.plan, decision.profile)
         if verdict and verdict.readable:  # the Hub's exact sizes instead of the estimate
             needs = dataclasses.replace(needs, model_bytes=verdict.bytes)
@@ -279,12 +326,13 @@ class Agent:
         launcher: Launcher = LocalProcesses()
         if options.systemd:
             # vLLM's caches live under HOME=/var/lib/kiln (kiln-vllm@.service).
-            writable = [layout.models_dir, layout.hf_home, layout.state_dir / ".cache"]
+            writable = [layout.models_dir, *self.caches.folders, layout.state_dir / ".cache"]
             for folder in writable:
                 folder.mkdir(parents=True, exist_ok=True)
             give_to_user(options.service_user, layout.state_dir,
                          [layout.runtime_file, layout.proxy_config.parent, *writable])
-            launcher = SystemdUnits({r.name: instance_dropin(r, profile=decision.plan.profile)
+            elsewhere = tuple(str(f) for f in self.caches.folders if layout.state_dir not in (f, *f.parents))
+            launcher = SystemdUnits({r.name: instance_dropin(r, profile=decision.plan.profile, writable=elsewhere)
                                      for r in decision.rendered})
         return Supervisor(launcher=launcher, routing=RouterClient(layout.router_url), probe=http_probe,
                           settings=options.supervisor, router=router_member, others=[proxy], instances=instances)
@@ -354,7 +402,24 @@ class Agent:
             return {}
         return {m.name: _fetch(f"{m.route_url}/metrics") for m in self.supervisor.ready_instances() if m.route_url}
 
+    def _read_startups(self) -> None:
+        """Each instance's start-up phases from its log, until its current run is ready."""
+        if not self.supervisor:
+            return
+        for member in self.supervisor.instances:
+            running = member.running
+            seen = self._timelines.get(member.name)
+            if running is None or (seen and seen[0] is running and seen[1]):
+                continue
+            timeline = parse_startup(running.log_lines())
+            self._timelines[member.name] = (running, timeline.ready_s is not None)
+            self.state.startup.setdefault("instances", {})[member.name] = timeline.as_dict()
+            if timeline.ready_s is not None:
+                log.info("%s ready %.1f s after vLLM started: %s", member.name, timeline.ready_s,
+                         ", ".join(f"{p.name} {p.seconds:.1f} s" for p in timeline.phases))
+
     def _meter(self) -> None:
+        self._read_startups()
         texts = self._instance_metrics()
         self.state.meter.observe(time.monotonic(), {n: prom.generation_tokens(t) for n, t in texts.items() if t})
 

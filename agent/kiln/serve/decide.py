@@ -37,6 +37,12 @@ class Decision:
     rendered: list[RenderedInstance] = field(default_factory=list)
     failure: tuple[str, str] | None = None  # what, fix: nothing can be served
 
+    def render(self, runtime: Runtime) -> None:
+        """The instances again, for a runtime that changed after planning (the cache disk)."""
+        if self.plan and self.profile:
+            local = any(c.local for c in self.profile.checkpoints.values())
+            self.rendered = render_instances(self.plan, runtime, local_model=local)
+
     def choice_report(self) -> dict[str, Any]:
         values = json.loads(self.choice.choice.model_dump_json(exclude=set(SECRET_FIELDS), exclude_none=True))
         return {"values": values, "origins": dict(self.choice.origins), "summary": self.choice.summary(),

@@ -8,9 +8,11 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.select import FALLBACK_PROFILE
+from kiln.hub.baked import Manifest, check_repo
 from kiln.hub.client import HubClient, Progress, RepoCheck
 from kiln.hub.files import repos_for
 from kiln.hub.preflight import HubVerdict
@@ -26,12 +28,42 @@ class ModelStep:
     replan: Callable[[ResolvedChoice], Decision]
     stopping: threading.Event
     offline: bool = False  # HF_HUB_OFFLINE: ask the Hub nothing (weights baked in, or an air-gapped machine)
+    manifest: Manifest | None = None  # what `kiln models bake` put into the image
+    baked_cache: Path = Path()  # the Hugging Face cache the manifest describes
+    models_dir: Path = Path()
+    baked: str | None = None  # set when the baked files cover the plan: what they are
+
+    def baked_status(self, decision: Decision) -> tuple[bool, str]:
+        """Whether the image's baked files cover everything this plan reads, whole and unchanged, and what."""
+        assert self.manifest is not None and decision.plan is not None and decision.profile is not None
+        local = any(c.local for c in decision.profile.checkpoints.values())
+        wanted = [(n.repo, n.revision) for n in repos_for(decision.plan, local)]
+        if local:
+            wanted.append((decision.plan.engine.model, "local"))
+        found = []
+        for repo, revision in wanted:
+            baked = self.manifest.find(repo, revision)
+            if baked is None:
+                return False, f"{repo} was not baked into the image (it has {', '.join(self.manifest.profiles)})"
+            problem = check_repo(baked, self.baked_cache / "hub", self.models_dir)
+            if problem:
+                return False, problem
+            found.append(baked)
+        files, size = sum(len(b.files) for b in found), sum(b.bytes for b in found)
+        return True, (f"{', '.join(b.repo for b in found)}: {files} file(s), {size / 2**30:.2f} GiB, baked into the "
+                      "image and complete")
 
     def check(self, decision: Decision, resolved: ResolvedChoice) -> tuple[Decision, HubVerdict | None]:
         """The decision to serve, and what the Hub said of its repositories (None when it needs none)."""
         for _ in range(MAX_REPLANS + 1):
             if self.offline or decision.failure or decision.plan is None or decision.profile is None:
                 return decision, None
+            if self.manifest is not None:
+                complete, what = self.baked_status(decision)
+                if complete:
+                    self.baked = what
+                    return decision, None
+                log.warning("the baked model cannot be used: %s; asking the Hub", what)
             local = any(c.local for c in decision.profile.checkpoints.values())
             needed = repos_for(decision.plan, local)
             if not needed:

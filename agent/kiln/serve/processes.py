@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+LOG_READ_MAX = 4 * 2**20  # a start-up's lines are a few hundred; vLLM's later request logs are not read
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,22 @@ def die_with_parent() -> None:
 class Running:
     """A started process group."""
 
-    def __init__(self, spec: ProcessSpec, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, spec: ProcessSpec, popen: subprocess.Popen[bytes], log_offset: int = 0) -> None:
         self.spec = spec
         self.popen = popen
         self.started = time.monotonic()
+        self.log_offset = log_offset  # where this start's lines begin in an appended log file
+
+    def log_lines(self) -> list[str]:
+        """What this start has logged so far."""
+        if not self.spec.log_file:
+            return []
+        try:
+            with self.spec.log_file.open("rb") as f:
+                f.seek(self.log_offset)
+                return f.read(LOG_READ_MAX).decode("utf-8", errors="replace").splitlines()
+        except OSError:
+            return []
 
     @property
     def pid(self) -> int:
@@ -93,10 +106,11 @@ class LocalProcesses:
 
     def start(self, spec: ProcessSpec) -> Running:
         secrets = {k: v for path in spec.env_files for k, v in read_env_file(path).items()}
-        log = subprocess.DEVNULL
+        log, offset = subprocess.DEVNULL, 0
         if spec.log_file:
             spec.log_file.parent.mkdir(parents=True, exist_ok=True)
             log = os.open(spec.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
+            offset = os.fstat(log).st_size
         try:
             popen = subprocess.Popen(
                 list(spec.argv), env={**os.environ, **spec.env, **secrets}, stdin=subprocess.DEVNULL, stdout=log,
@@ -104,4 +118,4 @@ class LocalProcesses:
         finally:
             if isinstance(log, int) and log >= 0:
                 os.close(log)
-        return Running(spec, popen)
+        return Running(spec, popen, offset)

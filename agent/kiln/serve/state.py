@@ -45,6 +45,8 @@ class AgentState:
     self_check: dict[str, Any] | None = None
     doctor: dict[str, Any] | None = None  # the pre-flight report (`kiln doctor`)
     download: dict[str, Any] | None = None  # the model download: repo, bytes done and total, rate, ETA
+    cache: dict[str, Any] | None = None  # the cache disk: where, how much room, and why
+    startup: dict[str, Any] = field(default_factory=dict)  # the agent's steps, and each instance's vLLM phases
     started_at: str = field(default_factory=_now_text)
 
     def __post_init__(self) -> None:
@@ -109,5 +111,7 @@ class AgentState:
             "self_check": self.self_check,
             "doctor": self.doctor,
             "download": self.download,
+            "cache": self.cache,
+            "startup": self.startup,
             "gpus": self.telemetry() if with_telemetry else [],
         }

@@ -27,6 +27,14 @@ def run_systemctl(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["systemctl", *argv], capture_output=True, text=True, check=False, timeout=60, env=env)
 
 
+def run_journalctl(argv: list[str]) -> str:
+    try:
+        return subprocess.run(["journalctl", *argv], capture_output=True, text=True, errors="replace", check=False,
+                              timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
 def unit_of(name: str) -> str:
     return SERVICE_UNITS.get(name) or instance_unit_name(name)
 
@@ -34,9 +42,18 @@ def unit_of(name: str) -> str:
 class Unit:
     """A started unit, seen through `systemctl show`."""
 
-    def __init__(self, unit: str, run: Run) -> None:
+    def __init__(self, unit: str, run: Run, journal: Callable[[list[str]], str] = run_journalctl) -> None:
         self.unit = unit
         self.run = run
+        self.journal = journal
+
+    def log_lines(self) -> list[str]:
+        """What the unit's current run has logged to the journal."""
+        invocation = self.run(["show", self.unit, "-p", "InvocationID", "--value"]).stdout.strip()
+        if not invocation:
+            return []
+        return self.journal(["-u", self.unit, f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat", "-q",
+                             "--no-pager"]).splitlines()
 
     def _show(self) -> dict[str, str]:
         out = self.run(["show", self.unit, "-p", "ActiveState,MainPID,ExecMainStatus,NRestarts"]).stdout
