@@ -14,6 +14,8 @@ build {
         kiln_agent_wheel        = abspath(var.kiln_wheel)
         kiln_agent_profiles_dir = abspath(local.profiles_dir)
         kiln_models             = var.kiln_models
+        # DigitalOcean's Marketplace check as published today, run at the end of the play; a FAIL fails the build.
+        image_cleanup_marketplace_check_url = var.marketplace_check_url
       }),
     ]
     ansible_env_vars = [

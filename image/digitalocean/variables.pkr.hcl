@@ -63,6 +63,12 @@ variable "kiln_models" {
   description = "Profile names whose models are baked into the image, e.g. [\"llama-3.3-70b-instruct\"]."
 }
 
+variable "marketplace_check_url" {
+  type        = string
+  default     = "https://raw.githubusercontent.com/digitalocean/marketplace-partners/master/scripts/99-img-check.sh"
+  description = "DigitalOcean's Marketplace image check, fetched by the build droplet and run last; empty runs the copy kiln carries."
+}
+
 variable "profiles_dir" {
   type        = string
   default     = ""

@@ -50,6 +50,10 @@ def test_the_local_build_makes_a_bootable_qcow2(built: dict[str, Any], capsys: p
     assert [s.split("]")[0] + "]" for s in steps] == [f"[{i}/6]" for i in range(1, 7)]
     assert "TASK [image_cleanup : Run the image check]" in built["progress"]
     assert "TASK [kiln_agent : Bake the models into the image]" in built["progress"]
+    # DigitalOcean's own Marketplace check ran in the image and found nothing failing.
+    log = Path(built["log"]).read_text(errors="replace")
+    assert "TASK [image_cleanup : Marketplace check | Run it]" in log
+    assert "User root has no password set." in log and "0 Tests FAILED" in log
     assert not list(image.parent.glob(".work-*")), "the build's work folder is left behind"
     mounts = Path("/proc/self/mounts").read_text()
     assert str(image.parent) not in mounts

@@ -137,14 +137,22 @@ def test_every_path_needs_the_api_key(stack: Stack, path: str) -> None:
 
 
 @pytest.mark.parametrize("path", [
-    "/tokenize", "/detokenize", "/invocations", "/metrics", "/pause", "/resume", "/is_paused", "/load", "/health",
-    "/ping", "/version", "/server_info", "/reset_prefix_cache", "/sleep", "/wake_up", "/collective_rpc", "/scale",
+    "/tokenize", "/detokenize", "/invocations", "/metrics", "/pause", "/resume", "/is_paused", "/load",
+    "/health/public", "/ping", "/version", "/server_info", "/reset_prefix_cache", "/sleep", "/wake_up",
+    "/collective_rpc", "/scale",
     "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/add_worker", "/remove_worker", "/list_workers",
     "/flush_cache", "/get_loads", "/v1/completions/../../tokenize", "/v1/models/../../pause"])
 def test_internal_paths_are_not_served_publicly(stack: Stack, path: str) -> None:
     for method in ("GET", "POST"):
         reply = requests.request(method, f"{stack.base}{path}", headers=stack.auth(), json={}, timeout=10)
         assert reply.status_code == 404, (method, path, reply.status_code, reply.text[:200])
+
+
+def test_the_public_health_check_needs_no_key_and_says_nothing_more(stack: Stack) -> None:
+    reply = requests.get(f"{stack.base}/health", timeout=10)
+    assert reply.status_code == 200 and reply.json() == {"status": "ok"}
+    assert "Server" not in reply.headers or reply.headers["Server"] == "nginx"
+    assert requests.post(f"{stack.base}/health", timeout=10).status_code == 405
 
 
 def test_only_the_public_endpoint_listens_beyond_localhost(stack: Stack) -> None:

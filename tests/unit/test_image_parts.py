@@ -155,6 +155,29 @@ def test_each_failure_is_reported_by_its_check() -> None:
     assert report["ok"] is True and report["phase"] == "starting"
 
 
+# Lines as DigitalOcean's 99-img-check.sh v1.8.1 prints them (roles/image_cleanup/files), colours and all.
+MARKETPLACE_BOOTED = (
+    "\x1b[32m[PASS]\x1b[0m Cloud-init is installed.\n"
+    "\x1b[32m[PASS]\x1b[0m Firewall service (ufw) is active\n"
+    "\x1b[32m[PASS]\x1b[0m There are no pending security updates for this image.\n"
+    "\x1b[93m[WARN]\x1b[0m un-cleared log file, /var/log/cloud-init.log found; Contents:\n"
+    "\x1b[32m[PASS]\x1b[0m User root has no password set.\n")
+
+
+def test_digitaloceans_marketplace_check_on_the_booted_image() -> None:
+    report = smoke.strip_colours(MARKETPLACE_BOOTED)
+    check = smoke.marketplace_check(report)
+    assert check.ok and check.detail == "4 PASS, 1 WARN, 0 FAIL; Firewall service (ufw) is active"
+    root = report.replace("[PASS] User root has no password set.",
+                          "[FAIL] User root has a password set on their account.")
+    failed = smoke.marketplace_check(root)
+    assert not failed.ok and failed.detail.endswith("; [FAIL] User root has a password set on their account.")
+    chroot = report.replace("[PASS] Firewall service (ufw) is active",
+                            "[WARN] No firewall is configured. Ensure ufw is installed and configured")
+    assert not smoke.marketplace_check(chroot).ok  # booted, the firewall must be on
+    assert smoke.judge(_observed(marketplace_report=root), "tiny-cpu")[-1].name.startswith("DigitalOcean's")
+
+
 def test_progress_shows_milestones_not_every_line() -> None:
     out = io.StringIO()
     progress = Progress(steps=2, out=out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from kiln import datafiles
@@ -23,6 +25,7 @@ from kiln.serve.agent import give_to_user
 from kiln.serve.apikey import ensure_api_key
 from kiln.serve.cost import TokenMeter, hourly_price, usd_per_million_tokens
 from kiln.serve.decide import Decision, decide
+from kiln.serve.health import HealthServer
 from kiln.serve.layout import ServeLayout
 from kiln.serve.processes import LocalProcesses, ProcessSpec
 from kiln.serve.proxy import PUBLIC_PATHS, ProxySettings, nginx_argv, nginx_config
@@ -59,6 +62,53 @@ def test_nginx_accepts_the_rendered_front(tmp_path: Path) -> None:
     assert '"Bearer kiln-Abc_def-0123456789" 1;' in config
     assert "limit_conn kiln_in_flight 64;" in config
     assert all(p.removeprefix("/v1/") in config for p in PUBLIC_PATHS)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_public_health_check_answers_a_load_balancer_without_a_key(tmp_path: Path) -> None:
+    """Real nginx with the rendered front, before the agent's health endpoint: ok, unavailable, and an agent that
+    does not answer at all, each as 200 or 503 with one word, and every other path still behind the key."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        pytest.skip("nginx is not installed (ci/setup.sh installs it)")
+    layout = ServeLayout(state_dir=tmp_path, public_host="127.0.0.1", public_port=_free_port(),
+                         health_port=_free_port())
+    state = AgentState(endpoint="", health="", api_key_file="")
+    (layout.proxy_config.parent / "tmp").mkdir(parents=True)
+    layout.proxy_config.write_text(nginx_config(layout, ProxySettings(max_in_flight=8), "kiln-key-0123456789"))
+    front = subprocess.Popen(list(nginx_argv(nginx, layout)), stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{layout.public_port}"
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                down = requests.get(f"{base}/health", timeout=2)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        assert down.status_code == 503 and down.json() == {"status": "unavailable"}  # no agent behind it
+        server = HealthServer(state, "127.0.0.1", layout.health_port, lambda: b"")
+        server.start()
+        try:
+            starting = requests.get(f"{base}/health", timeout=5)
+            assert starting.status_code == 503 and starting.json() == {"status": "unavailable"}
+            state.readiness = lambda: (True, "ready")  # type: ignore[method-assign]
+            ready = requests.get(f"{base}/health", timeout=5)
+            assert ready.status_code == 200 and ready.json() == {"status": "ok"}
+            assert "kiln" not in ready.headers.get("Server", "")
+        finally:
+            server.stop()
+        assert requests.post(f"{base}/health", timeout=5).status_code == 405
+        assert requests.get(f"{base}/status", timeout=5).status_code == 401
+        assert requests.get(f"{base}/v1/models", timeout=5).status_code == 401
+    finally:
+        front.terminate()
+        front.wait(timeout=10)
 
 
 @pytest.mark.parametrize("key", ["", "has space", "quote'd", "semi;colon", "dollar$var", "brace{"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,7 @@ class Observed:
     public_unauthorized: int | None = None  # HTTP status of the public endpoint without a key, from the host
     health_from_outside: str = ""  # what the forwarded health port did from the host
     unwritable_for_instances: list[str] = field(default_factory=list)  # state folders the kiln user cannot write
+    marketplace_report: str | None = None  # DigitalOcean's 99-img-check.sh run on the booted machine
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -171,12 +173,34 @@ def judge(seen: Observed, profile: str, expect_baked: bool = False) -> list[Chec
                         f"HTTP {seen.public_unauthorized} without a key"))
     checks.append(Check("the health endpoint is not reachable from outside", seen.health_from_outside != "answered",
                         seen.health_from_outside))
+    if seen.marketplace_report is not None:
+        checks.append(marketplace_check(seen.marketplace_report))
     if expect_baked:
         download = status.get("download") or {}
         checks.append(Check("the model baked into the image is used: nothing downloaded or made at boot",
                             download.get("state") == "baked",
                             str(download.get("detail") or f"no baked model found; download: {download or 'none'}")))
     return checks
+
+
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def strip_colours(text: str) -> str:
+    return _COLOURS.sub("", text)
+
+
+def marketplace_check(report: str) -> Check:
+    """DigitalOcean's own check on the booted machine: no FAIL, and the firewall active (a chroot cannot show it).
+    The booted machine has logs of its own boot, which the check warns about; the image build runs it before them."""
+    lines = report.splitlines()
+    fails = [line for line in lines if line.startswith("[FAIL]")]
+    warns = [line for line in lines if line.startswith("[WARN]")]
+    firewall = next((line for line in lines if "Firewall service" in line or "No firewall" in line), "no firewall line")
+    ok = bool(lines) and not fails and firewall.startswith("[PASS]")
+    detail = (f"{sum(line.startswith('[PASS]') for line in lines)} PASS, {len(warns)} WARN, {len(fails)} FAIL; "
+              f"{firewall.removeprefix('[PASS] ')}" + "".join(f"; {line}" for line in fails))
+    return Check("DigitalOcean's Marketplace check (99-img-check.sh) finds no FAIL on the booted image", ok, detail)
 
 
 def report_dict(checks: list[Check], seen: Observed) -> dict[str, Any]:
@@ -187,6 +211,7 @@ def report_dict(checks: list[Check], seen: Observed) -> dict[str, Any]:
             "download": (seen.agent_status or {}).get("download"),
             "cache": (seen.agent_status or {}).get("cache"),
             "startup": (seen.agent_status or {}).get("startup"),
+            "marketplace_report": seen.marketplace_report,
             "listeners": [s.__dict__ for s in seen.listeners]}
 
 

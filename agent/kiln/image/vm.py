@@ -18,9 +18,11 @@ from typing import Any
 
 import requests
 
+from kiln.errors import KilnError
 from kiln.image import smoke
 from kiln.image.progress import Progress
 from kiln.image.system import BuildError
+from kiln.image.tools import find_repo
 
 TOOLS = ("qemu-system-x86_64", "qemu-img", "genisoimage", "ssh", "ssh-keygen")
 STEPS = 5
@@ -40,12 +42,12 @@ class Guest:
     key: Path
     port: int
 
-    def ssh(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def ssh(self, command: str, timeout: float = 60, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         argv = ["ssh", "-i", str(self.key), "-p", str(self.port), "-o", "BatchMode=yes",
                 "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
                 "-o", "ConnectTimeout=10", f"{smoke.SMOKE_USER}@127.0.0.1", command]
         try:
-            return subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout)
+            return subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout, input=stdin)
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(argv, 255, "", f"timed out after {timeout:.0f} s")
 
@@ -122,6 +124,11 @@ class SmokeTest:
                 d for d in smoke.STATE_DIRS
                 if guest.ssh(f"sudo -u {smoke.INSTANCE_USER} test -w {d}").returncode != 0]
             seen.health_from_outside = _reach(f"http://127.0.0.1:{forwards.health}/health")
+            script = _marketplace_check()
+            if script is not None:
+                progress.line("==> DigitalOcean's Marketplace check on the booted machine")
+                ran = guest.ssh("sudo bash -s", timeout=300, stdin=script)
+                seen.marketplace_report = smoke.strip_colours(ran.stdout)
             (work / "cloud-init.log").write_text(guest.ssh("sudo cat /var/log/cloud-init.log").stdout)
             (work / "agent.journal").write_text(guest.ssh("sudo journalctl -b -u 'kiln*' --no-pager").stdout)
 
@@ -176,6 +183,15 @@ def _wait(progress: Progress, what: str, deadline: float, qemu: subprocess.Popen
             shown = time.monotonic()
         time.sleep(5)
     raise BuildError(f"timed out waiting for {what}; console:\n{_tail(console)}")
+
+
+def _marketplace_check() -> str | None:
+    """DigitalOcean's 99-img-check.sh as the image build carries it, when this is a kiln checkout."""
+    try:
+        path = find_repo() / "roles" / "image_cleanup" / "files" / "99-img-check.sh"
+        return path.read_text(encoding="utf-8")
+    except (KilnError, OSError):
+        return None
 
 
 def _power_off(qemu: subprocess.Popen[bytes], qmp: Path, timeout_s: float = 180) -> float:

@@ -1,4 +1,5 @@
-"""The local health endpoint: /health, /ready, /status (JSON) and /metrics (Prometheus). Localhost only."""
+"""The local health endpoint: /health, /ready, /status (JSON) and /metrics (Prometheus). Localhost only; nginx
+passes the public port's /health to /health/public, which says ok or unavailable and nothing else."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from kiln.serve.state import AgentState
 
+PUBLIC_HEALTH = "/health/public"
 log = logging.getLogger("kiln.health")
 
 
@@ -38,6 +40,9 @@ def _handler(state: AgentState, metrics: Callable[[], bytes]) -> type[BaseHTTPRe
             try:
                 if path == "/health":
                     self._send(200, {"status": "alive", "phase": state.current_phase()})
+                elif path == PUBLIC_HEALTH:  # what the public port's /health answers a load balancer
+                    ok, _ = state.readiness()
+                    self._send(200 if ok else 503, {"status": "ok" if ok else "unavailable"})
                 elif path == "/ready":
                     ok, reason = state.readiness()
                     self._send(200 if ok else 503, {"ready": ok, "reason": reason})

@@ -10,6 +10,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.serve.health import PUBLIC_HEALTH
 from kiln.serve.layout import ServeLayout
 
 RETRIES = 2  # passes of a failed request back to the router, each to the next worker in its rotation
@@ -81,9 +82,6 @@ http {{
     server {{
         listen {layout.public_host}:{layout.public_port} backlog=4096;
 
-        if ($kiln_authorized = 0) {{
-            return 401;
-        }}
         error_page 401 @unauthorized;
         location @unauthorized {{
             add_header WWW-Authenticate 'Bearer realm="kiln"' always;
@@ -98,7 +96,29 @@ http {{
             return 429 {overloaded};
         }}
 
+        # For load balancers, without a key: 200 while an instance is routed, else 503, and no other word.
+        location = /health {{
+            if ($request_method != GET) {{
+                return 405 '{{"status": "use GET"}}';
+            }}
+            proxy_pass http://{layout.local_host}:{layout.health_port}{PUBLIC_HEALTH};
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header Authorization "";
+            proxy_hide_header Server;
+            proxy_connect_timeout 2s;
+            proxy_read_timeout 5s;
+            proxy_intercept_errors on;
+            error_page 502 504 = @unavailable;
+        }}
+        location @unavailable {{
+            return 503 '{{"status": "unavailable"}}';
+        }}
+
         location ~ ^/v1/({paths})$ {{
+            if ($kiln_authorized = 0) {{
+                return 401;
+            }}
             proxy_pass http://kiln_router;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -114,6 +134,9 @@ http {{
         }}
 
         location / {{
+            if ($kiln_authorized = 0) {{
+                return 401;
+            }}
             return 404 {not_found};
         }}
     }}
