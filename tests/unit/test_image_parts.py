@@ -118,7 +118,8 @@ def _observed(**overrides: object) -> smoke.Observed:
                       "choice": {"values": {"profile": "tiny-cpu", "objective": "latency"},
                                  "origins": {"profile": "user-data (cloud-init)"}},
                       "doctor": DOCTOR_HEALTHY},
-        listeners=smoke.parse_ss(SS), public_unauthorized=401, health_from_outside="no answer (ReadTimeout)")
+        listeners=smoke.parse_ss(SS), public_unauthorized=401, health_from_outside="no answer (ReadTimeout)",
+        agent_dir_writable=False, instance_units={"kiln-vllm@vllm-0.service": "active"})
     for key, value in overrides.items():
         setattr(seen, key, value)
     return seen
@@ -127,7 +128,7 @@ def _observed(**overrides: object) -> smoke.Observed:
 def test_a_healthy_boot_passes_every_check() -> None:
     checks = smoke.judge(_observed(), "tiny-cpu")
     assert [c.name for c in checks if not c.ok] == []
-    assert len(checks) == 8
+    assert len(checks) == 10
 
 
 def test_each_failure_is_reported_by_its_check() -> None:
@@ -149,8 +150,11 @@ def test_each_failure_is_reported_by_its_check() -> None:
     assert failed(_observed(public_unauthorized=200)) == ["the public endpoint asks for the API key"]
     assert failed(_observed(health_from_outside="answered")) == ["the health endpoint is not reachable from outside"]
     assert failed(_observed(listeners=[])) == ["only the documented ports listen"]
-    assert failed(_observed(unwritable_for_instances=["/var/lib/kiln"])) == [
+    assert failed(_observed(unwritable_for_instances=["/var/lib/kiln/home"])) == [
         "the instances' user can write its state and caches"]
+    assert failed(_observed(agent_dir_writable=True)) == ["the agent's own folder is out of the instances' reach"]
+    assert failed(_observed(instance_units={"kiln-vllm@vllm-0.service": "failed"})) == [
+        "the vLLM instances run as their systemd units"]
     report = smoke.report_dict(smoke.judge(_observed(), "tiny-cpu"), _observed())
     assert report["ok"] is True and report["phase"] == "starting"
 

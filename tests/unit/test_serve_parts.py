@@ -19,10 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from kiln import datafiles
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice
+from kiln.errors import KilnError
 from kiln.render.vllm import Runtime
 from kiln.serve import metrics as prom
-from kiln.serve.agent import give_to_user
-from kiln.serve.apikey import ensure_api_key
+from kiln.serve.agent import give_to_user, keep_for_root, share_with_group
+from kiln.serve.apikey import ensure_api_key, write_private
 from kiln.serve.cost import TokenMeter, hourly_price, usd_per_million_tokens
 from kiln.serve.decide import Decision, decide
 from kiln.serve.health import HealthServer
@@ -249,8 +250,35 @@ def traversable_tmp() -> Iterator[Path]:
     shutil.rmtree(path)
 
 
+def test_the_state_folder_is_roots_and_the_instances_user_cannot_plant_in_it(traversable_tmp: Path) -> None:
+    """On the image the agent takes its folder back from whoever owns it, and then the instances' user can plant
+    nothing there; a folder swapped for a link is refused, with the fix."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to act as another user")
+    state = traversable_tmp / "state"
+    state.mkdir()
+    os.chown(state, NOBODY, NOBODY)
+    state.chmod(0o777)
+    keep_for_root(state)
+    info = state.stat()
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0o755)
+    planted = subprocess.run(["ln", "-s", "/etc/shadow", str(state / "api_key")], capture_output=True, text=True,
+                             check=False, preexec_fn=_as_nobody)
+    assert planted.returncode != 0 and "Permission denied" in planted.stderr
+    assert not (state / "api_key").exists()
+    linked = traversable_tmp / "linked"
+    linked.symlink_to(state)
+    with pytest.raises(KilnError, match="is not a directory"):
+        keep_for_root(linked)
+    layout = ServeLayout(state_dir=state)
+    write_private(layout.runtime_file, "{}")
+    share_with_group("nobody", [layout.runtime_file])
+    shared = layout.runtime_file.stat()
+    assert (shared.st_uid, shared.st_gid, stat.S_IMODE(shared.st_mode)) == (0, NOBODY, 0o640)
+
+
 def test_links_the_instances_user_plants_are_refused(traversable_tmp: Path) -> None:
-    """/var/lib/kiln belongs to the instances' user; what that user plants there must not steer the root agent."""
+    """Outside the image (`kiln up`) the state folder is the user's; links planted in it must not steer the agent."""
     if os.geteuid() != 0:
         pytest.skip("needs root, to plant the links as another user")
     tmp_path = traversable_tmp

@@ -95,7 +95,12 @@ def test_every_service_is_hardened_and_started_through_kiln() -> None:
     assert values(vllm, "Service", "ExecStart") == [f"{KILN_BIN} agent exec %i"]
     assert values(vllm, "Service", "LimitMEMLOCK") == ["infinity"]
     assert values(vllm, "Service", "KillMode") == ["mixed"]
-    assert values(vllm, "Service", "ReadWritePaths") == ["/var/lib/kiln"]
+    # Their own folders in the agent's state folder, never the state folder itself (the agent's key and runtime).
+    writable = values(vllm, "Service", "ReadWritePaths")[0].split()
+    assert writable == ["-/var/lib/kiln/home", "-/var/lib/kiln/huggingface", "-/var/lib/kiln/compile",
+                        "-/var/lib/kiln/models"]
+    assert values(vllm, "Service", "Environment") == ["HOME=/var/lib/kiln/home"]
+    assert values(parse(units["kiln-proxy.service"]), "Service", "ReadWritePaths") == ["/var/lib/kiln/proxy/tmp"]
     for name in ("kiln-router.service", "kiln-proxy.service"):
         assert values(parse(units[name]), "Service", "PrivateDevices") == ["yes"], name
 

@@ -25,7 +25,8 @@ AGENT_STARTED = ("starting", "ready", "degraded")
 LAYOUT = ServeLayout()  # the image's documented ports
 INSTANCE_USER = "kiln"  # kiln-vllm@.service's User=
 # HOME, HF_HOME and the compile caches (VLLM_CACHE_ROOT, Inductor, Triton) on the boot disk.
-STATE_DIRS = ("/var/lib/kiln", "/var/lib/kiln/huggingface", "/var/lib/kiln/compile")
+STATE_DIRS = ("/var/lib/kiln/home", "/var/lib/kiln/huggingface", "/var/lib/kiln/compile")
+AGENT_DIR = "/var/lib/kiln"  # the agent's own: root's, which the instances' user must not be able to write
 OBJECTIVE = "latency"  # not the default (throughput), so the plan shows the user-data was read
 
 
@@ -133,6 +134,8 @@ class Observed:
     public_unauthorized: int | None = None  # HTTP status of the public endpoint without a key, from the host
     health_from_outside: str = ""  # what the forwarded health port did from the host
     unwritable_for_instances: list[str] = field(default_factory=list)  # state folders the kiln user cannot write
+    agent_dir_writable: bool | None = None  # whether the kiln user can write the agent's own folder
+    instance_units: dict[str, str] = field(default_factory=dict)  # kiln-vllm@NAME -> `systemctl is-active`
     marketplace_report: str | None = None  # DigitalOcean's 99-img-check.sh run on the booted machine
     timings_s: dict[str, float] = field(default_factory=dict)
 
@@ -169,6 +172,13 @@ def judge(seen: Observed, profile: str, expect_baked: bool = False) -> list[Chec
     checks.append(Check("the instances' user can write its state and caches", not seen.unwritable_for_instances,
                         f"not writable by {INSTANCE_USER}: {', '.join(seen.unwritable_for_instances)}"
                         if seen.unwritable_for_instances else f"{', '.join(STATE_DIRS)} writable by {INSTANCE_USER}"))
+    checks.append(Check("the agent's own folder is out of the instances' reach", seen.agent_dir_writable is False,
+                        f"{AGENT_DIR} {'is writable' if seen.agent_dir_writable else 'is not writable'} by "
+                        f"{INSTANCE_USER}"))
+    running = {u: s for u, s in seen.instance_units.items() if s in ("active", "activating")}
+    checks.append(Check("the vLLM instances run as their systemd units",
+                        bool(running) and running == seen.instance_units,
+                        ", ".join(f"{u}: {s}" for u, s in seen.instance_units.items()) or "no instance unit"))
     checks.append(Check("the public endpoint asks for the API key", seen.public_unauthorized == 401,
                         f"HTTP {seen.public_unauthorized} without a key"))
     checks.append(Check("the health endpoint is not reachable from outside", seen.health_from_outside != "answered",

@@ -123,6 +123,11 @@ class SmokeTest:
             seen.unwritable_for_instances = [
                 d for d in smoke.STATE_DIRS
                 if guest.ssh(f"sudo -u {smoke.INSTANCE_USER} test -w {d}").returncode != 0]
+            as_instances = f"sudo -u {smoke.INSTANCE_USER} test -w {smoke.AGENT_DIR}"
+            seen.agent_dir_writable = guest.ssh(as_instances).returncode == 0
+            for instance in ((seen.agent_status or {}).get("plan") or {}).get("instances", []):
+                unit = f"kiln-vllm@{instance['name']}.service"
+                seen.instance_units[unit] = guest.ssh(f"systemctl is-active {unit}").stdout.strip()
             seen.health_from_outside = _reach(f"http://127.0.0.1:{forwards.health}/health")
             script = _marketplace_check()
             if script is not None:

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import pwd
+import stat
 import sys
 import threading
 import time
@@ -83,7 +84,7 @@ def _log(folder: Path | None, name: str) -> Path | None:
 
 
 def give_to_user(user: str, state_dir: Path, paths: list[Path]) -> None:
-    """Hand what the units read or write to their user; the API key file stays root's."""
+    """Hand the folders the units write to their user."""
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
@@ -93,6 +94,28 @@ def give_to_user(user: str, state_dir: Path, paths: list[Path]) -> None:
         for target in [path, *path.rglob("*")] if path.is_dir() and not path.is_symlink() else [path]:
             # A link the user planted is chowned itself, never what it points at.
             os.chown(target, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+
+
+def keep_for_root(folder: Path) -> None:
+    """The agent's own folder: a real directory, root's, which no one else may write (not even the instances)."""
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode):
+        raise KilnError(f"{folder} is not a directory (a link or a file is there)",
+                        fix=f"remove it (`rm {folder}`), then `systemctl restart kiln-agent`, which makes the folder")
+    if info.st_uid != 0 or info.st_gid != 0:
+        os.chown(folder, 0, 0, follow_symlinks=False)
+    os.chmod(folder, 0o755)
+
+
+def share_with_group(user: str, files: list[Path]) -> None:
+    """Root's files the units must read: root-owned, readable by the units' group, written by no one else."""
+    try:
+        group = pwd.getpwnam(user).pw_gid
+    except KeyError:
+        return
+    for path in files:
+        os.chown(path, 0, group, follow_symlinks=False)
+        os.chmod(path, 0o640)
 
 
 def http_probe(url: str, timeout_s: float = 2.0) -> bool:
@@ -164,6 +187,13 @@ class Agent:
             self.steps.add("start kiln (Python, imports)", max(0.0, time.time() - options.process_started))
         self._lap_from = time.monotonic()
         state.set_phase(DETECTING)
+        if options.systemd:  # before anything is read from it or written to it
+            try:
+                keep_for_root(layout.state_dir)
+            except (KilnError, OSError) as exc:
+                self._fail(str(exc) if isinstance(exc, OSError) else exc.what,
+                           exc.fix if isinstance(exc, KilnError) else "check /var/lib/kiln")
+                return
         resolved = options.read_choice()
         self._lap("read the choice")
         state.set_phase(PLANNING)
@@ -325,12 +355,13 @@ class Agent:
         write_private(layout.runtime_file, json.dumps({"processes": specs}, indent=2) + "\n")
         launcher: Launcher = LocalProcesses()
         if options.systemd:
-            # vLLM's caches live under HOME=/var/lib/kiln (kiln-vllm@.service).
-            writable = [layout.models_dir, *self.caches.folders, layout.state_dir / ".cache"]
+            # The state folder is root's; the units (User=kiln) write only these folders in it, and read the
+            # runtime (argv, environment) and nginx's configuration through their group.
+            writable = [layout.models_dir, *self.caches.folders, layout.home_dir, layout.proxy_config.parent / "tmp"]
             for folder in writable:
                 folder.mkdir(parents=True, exist_ok=True)
-            give_to_user(options.service_user, layout.state_dir,
-                         [layout.runtime_file, layout.proxy_config.parent, *writable])
+            give_to_user(options.service_user, layout.state_dir, writable)
+            share_with_group(options.service_user, [layout.runtime_file, layout.proxy_config])
             elsewhere = tuple(str(f) for f in self.caches.folders if layout.state_dir not in (f, *f.parents))
             launcher = SystemdUnits({r.name: instance_dropin(r, profile=decision.plan.profile, writable=elsewhere)
                                      for r in decision.rendered})

@@ -31,6 +31,11 @@ class ServeLayout:
         return self.state_dir / "huggingface"
 
     @property
+    def home_dir(self) -> Path:
+        """The instances' $HOME on the image: theirs to write, unlike the state folder around it, which is root's."""
+        return self.state_dir / "home"
+
+    @property
     def secrets_dir(self) -> Path:
         return IMAGE_SECRETS_DIR if self.state_dir == IMAGE_STATE_DIR else self.state_dir / "secrets"
 

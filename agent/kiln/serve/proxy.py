@@ -44,9 +44,10 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, api_key: str) -> 
     servers = "\n".join(f"        server {layout.local_host}:{layout.router_port} max_fails=0;"
                         for _ in range(RETRIES + 1))
     return f"""\
-# kiln's public endpoint, written by the kiln agent at every start. Holds the API key: keep it 0600.
+# kiln's public endpoint, written by the kiln agent at every start. Holds the API key: root's, 0600 (0640 for nginx's
+# group on the image).
 worker_processes {settings.workers};
-pid nginx.pid;
+pid tmp/nginx.pid;
 error_log stderr warn;
 
 events {{
