@@ -119,7 +119,7 @@ def _observed(**overrides: object) -> smoke.Observed:
                                  "origins": {"profile": "user-data (cloud-init)"}},
                       "doctor": DOCTOR_HEALTHY},
         listeners=smoke.parse_ss(SS), public_unauthorized=401, health_from_outside="no answer (ReadTimeout)",
-        agent_dir_writable=False, instance_units={"kiln-vllm@vllm-0.service": "active"})
+        agent_dir_writable=False, instance_units={"kiln-vllm@vllm-0.service": "active 0"})
     for key, value in overrides.items():
         setattr(seen, key, value)
     return seen
@@ -153,8 +153,9 @@ def test_each_failure_is_reported_by_its_check() -> None:
     assert failed(_observed(unwritable_for_instances=["/var/lib/kiln/home"])) == [
         "the instances' user can write its state and caches"]
     assert failed(_observed(agent_dir_writable=True)) == ["the agent's own folder is out of the instances' reach"]
-    assert failed(_observed(instance_units={"kiln-vllm@vllm-0.service": "failed"})) == [
-        "the vLLM instances run as their systemd units"]
+    for crashed in ("failed 5", "activating 2"):
+        assert failed(_observed(instance_units={"kiln-vllm@vllm-0.service": crashed})) == [
+            "the vLLM instances run as their systemd units"]
     report = smoke.report_dict(smoke.judge(_observed(), "tiny-cpu"), _observed())
     assert report["ok"] is True and report["phase"] == "starting"
 

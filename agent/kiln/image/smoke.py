@@ -135,7 +135,7 @@ class Observed:
     health_from_outside: str = ""  # what the forwarded health port did from the host
     unwritable_for_instances: list[str] = field(default_factory=list)  # state folders the kiln user cannot write
     agent_dir_writable: bool | None = None  # whether the kiln user can write the agent's own folder
-    instance_units: dict[str, str] = field(default_factory=dict)  # kiln-vllm@NAME -> `systemctl is-active`
+    instance_units: dict[str, str] = field(default_factory=dict)  # kiln-vllm@NAME -> "ActiveState NRestarts"
     marketplace_report: str | None = None  # DigitalOcean's 99-img-check.sh run on the booted machine
     timings_s: dict[str, float] = field(default_factory=dict)
 
@@ -175,7 +175,7 @@ def judge(seen: Observed, profile: str, expect_baked: bool = False) -> list[Chec
     checks.append(Check("the agent's own folder is out of the instances' reach", seen.agent_dir_writable is False,
                         f"{AGENT_DIR} {'is writable' if seen.agent_dir_writable else 'is not writable'} by "
                         f"{INSTANCE_USER}"))
-    running = {u: s for u, s in seen.instance_units.items() if s in ("active", "activating")}
+    running = {u: s for u, s in seen.instance_units.items() if s == "active 0"}  # up, and never restarted
     checks.append(Check("the vLLM instances run as their systemd units",
                         bool(running) and running == seen.instance_units,
                         ", ".join(f"{u}: {s}" for u, s in seen.instance_units.items()) or "no instance unit"))

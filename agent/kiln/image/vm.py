@@ -127,7 +127,8 @@ class SmokeTest:
             seen.agent_dir_writable = guest.ssh(as_instances).returncode == 0
             for instance in ((seen.agent_status or {}).get("plan") or {}).get("instances", []):
                 unit = f"kiln-vllm@{instance['name']}.service"
-                seen.instance_units[unit] = guest.ssh(f"systemctl is-active {unit}").stdout.strip()
+                shown = guest.ssh(f"systemctl show {unit} -p ActiveState -p NRestarts --value").stdout.split()
+                seen.instance_units[unit] = " ".join(shown)  # e.g. "active 0": running, never restarted
             seen.health_from_outside = _reach(f"http://127.0.0.1:{forwards.health}/health")
             script = _marketplace_check()
             if script is not None:
