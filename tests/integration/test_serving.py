@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 import requests
+from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
@@ -146,6 +147,31 @@ def test_internal_paths_are_not_served_publicly(stack: Stack, path: str) -> None
     for method in ("GET", "POST"):
         reply = requests.request(method, f"{stack.base}{path}", headers=stack.auth(), json={}, timeout=10)
         assert reply.status_code == 404, (method, path, reply.status_code, reply.text[:200])
+
+
+def test_the_official_openai_sdk_through_the_public_endpoint(stack: Stack) -> None:
+    """What a user's code does: models, chat, a stream, completions, the Responses API, and a tool call, which must
+    reach vLLM intact (it answers with the named function)."""
+    client = OpenAI(base_url=f"{stack.base}/v1", api_key=stack.key, max_retries=0, timeout=120)
+    assert [m.id for m in client.models.list()] == ["tiny-cpu"]
+    hello = [{"role": "user", "content": "kiln"}]
+    chat = client.chat.completions.create(model="tiny-cpu", messages=hello, max_tokens=8)
+    assert chat.usage is not None and chat.usage.completion_tokens > 0
+    chunks = list(client.chat.completions.create(model="tiny-cpu", messages=hello, max_tokens=8,
+                                                 stream=True))
+    assert len(chunks) > 1 and chunks[0].id.startswith("chatcmpl")
+    completion = client.completions.create(model="tiny-cpu", prompt="kiln", max_tokens=8)
+    assert completion.choices[0].text is not None
+    response = client.responses.create(model="tiny-cpu", input="kiln", max_output_tokens=16)
+    assert response.status in ("completed", "incomplete") and response.output
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                                 "parameters": {"type": "object", "properties": {
+                                                     "city": {"type": "string"}}, "required": ["city"]}}}
+    called = client.chat.completions.create(
+        model="tiny-cpu", messages=hello, max_tokens=64, tools=[weather],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls = called.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_weather"
 
 
 def test_the_public_health_check_needs_no_key_and_says_nothing_more(stack: Stack) -> None:

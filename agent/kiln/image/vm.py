@@ -127,8 +127,10 @@ class SmokeTest:
             seen.agent_dir_writable = guest.ssh(as_instances).returncode == 0
             for instance in ((seen.agent_status or {}).get("plan") or {}).get("instances", []):
                 unit = f"kiln-vllm@{instance['name']}.service"
-                shown = guest.ssh(f"systemctl show {unit} -p ActiveState -p NRestarts --value").stdout.split()
-                seen.instance_units[unit] = " ".join(shown)  # e.g. "active 0": running, never restarted
+                shown = guest.ssh(f"systemctl show {unit} -p ActiveState -p NRestarts").stdout
+                props = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+                # e.g. "active 0": running, never restarted
+                seen.instance_units[unit] = f"{props.get('ActiveState', '?')} {props.get('NRestarts', '?')}"
             seen.health_from_outside = _reach(f"http://127.0.0.1:{forwards.health}/health")
             script = _marketplace_check()
             if script is not None:

@@ -14,7 +14,8 @@ from kiln.serve.health import PUBLIC_HEALTH
 from kiln.serve.layout import ServeLayout
 
 RETRIES = 2  # passes of a failed request back to the router, each to the next worker in its rotation
-PUBLIC_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions")
+# The OpenAI API vLLM serves for a generative model; /v1/responses is what the gpt-oss recipe uses.
+PUBLIC_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses")
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 
 
