@@ -15,7 +15,7 @@ from pathlib import Path
 import requests
 
 from kiln.errors import KilnError
-from kiln.render.vllm import LOCAL_MODEL_ENV
+from kiln.render.vllm import OFFLINE_ENV
 from kiln.serve.processes import LocalProcesses, ProcessSpec
 
 
@@ -93,7 +93,7 @@ def vanilla(state: Path, argv: Sequence[str], local_model: bool, env: dict[str, 
     state.mkdir(parents=True, exist_ok=True)
     port = argv[list(argv).index("--port") + 1]
     log = state / "vanilla-vllm.log"
-    env = {**(env or {}), **(LOCAL_MODEL_ENV if local_model else {})}
+    env = {**(env or {}), **(OFFLINE_ENV if local_model else {})}
     running = LocalProcesses().start(ProcessSpec("vanilla", tuple(argv), env, log))
     url = f"http://127.0.0.1:{port}"
     try:

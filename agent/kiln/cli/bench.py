@@ -142,7 +142,7 @@ def cmd_compare(kiln: Kiln, args: argparse.Namespace) -> int:
         what, fix = decision.failure or ("no plan", "")
         raise KilnError(what, fix=fix)
     profile, machine = decision.profile, decision.machine
-    local = any(c.local for c in profile.checkpoints.values())
+    local = profile.local_model
     print(f"1/2 kiln's plan: {len(decision.rendered)} instance(s) of {profile.name} behind kiln's endpoint",
           file=sys.stderr, flush=True)
     with setups.kiln_up(root / "kiln", profile.name, instances=len(decision.rendered)) as up:

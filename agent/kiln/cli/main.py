@@ -176,7 +176,7 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     launcher = (sys.executable, *MODULE_VLLM) if args.launcher == "module" else IMAGE_VLLM
     runtime = Runtime(vllm_command=launcher, models_dir=args.models_dir)
-    local = bool(args.model) or any(c.local for c in profile.checkpoints.values())
+    local = bool(args.model) or profile.local_model
     rendered = render_instances(plan, runtime, local_model=local)
     if args.systemd:
         print("\n".join(instance_dropin(r, profile=plan.profile) for r in rendered))

@@ -14,13 +14,12 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice
 from kiln.cli.output import print_json, table
 from kiln.errors import KilnError
-from kiln.hardware.disks import CacheDisk
 from kiln.hardware.fixtures import fixture_names
 from kiln.hardware.system import hub_cache
 from kiln.hub.baked import MANIFEST, BakedRepo, Manifest, read_manifest, record_local, record_repo
 from kiln.hub.client import OK, HubClient, Progress
 from kiln.hub.files import repos_for
-from kiln.render.vllm import MODULE_VLLM, Runtime, find_vllm_python
+from kiln.render.vllm import MODULE_VLLM, OFFLINE_ENV, Runtime, find_vllm_python
 from kiln.serve.agent import http_probe
 from kiln.serve.apikey import write_private
 from kiln.serve.caches import Caches
@@ -56,14 +55,14 @@ def _bar(p: Progress) -> None:
 
 def image_caches(layout: ServeLayout) -> Caches:
     """The caches as the agent keeps them on the image's boot disk, where the baked files are."""
-    return Caches(CacheDisk(str(layout.state_dir), "/", "", 0, False, "baked into the image"))
+    return Caches.in_state_dir(layout.state_dir, "baked into the image")
 
 
 def warm(decision: Decision, layout: ServeLayout, timeout_s: float) -> dict[str, Any]:
     """Start the plan's first instance as the agent would, offline, until it serves; what its log says it did."""
     first = decision.rendered[0]
     log_file = layout.log_dir / "warm-up.log"
-    spec = ProcessSpec("warm-up", first.argv, {**first.env, "HF_HUB_OFFLINE": "1"}, log_file=log_file)
+    spec = ProcessSpec("warm-up", first.argv, {**first.env, **OFFLINE_ENV}, log_file=log_file)
     running = LocalProcesses().start(spec)
     url, began, ok = f"http://127.0.0.1:{first.port}/health", time.monotonic(), False
     try:
@@ -95,12 +94,12 @@ def bake_profile(kiln: Kiln, name: str, machine: str | None, layout: ServeLayout
     if decision.profile.name != name:
         raise KilnError(f"{name} is not in the catalog", fix="`kiln profiles list` names the profiles")
     baked: list[BakedRepo] = []
-    if any(c.local for c in profile.checkpoints.values()):
+    if profile.local_model:
         target = layout.models_dir / plan.engine.model
         if not (target / "config.json").exists():
             make_tiny_model(profile, target)
         baked.append(record_local(layout.models_dir, plan.engine.model))
-    for needed in repos_for(plan, any(c.local for c in profile.checkpoints.values())):
+    for needed in repos_for(plan, profile.local_model):
         check = hub.check(needed.repo, needed.revision)
         if check.status != OK:
             raise KilnError(f"{needed.repo} ({needed.role} of {name}) cannot be baked: the Hub said {check.status}"

@@ -11,7 +11,7 @@ from kiln.profiles.schema import Profile
 def needs_of(plan: Plan, profile: Profile) -> Needs:
     groups = tuple(i.gpus for i in plan.instances) if plan.engine.device == "cuda" else ()
     model = plan.engine.model
-    if model.startswith("/") or any(c.local for c in profile.checkpoints.values()):
+    if model.startswith("/") or profile.local_model:
         return Needs(groups, None, model)  # a folder on the machine: nothing to download
     # Online quantization (--quantization fp8) downloads the BF16 checkpoint and quantizes it while loading.
     precision = "bf16" if plan.engine.quantization else plan.quantization

@@ -10,7 +10,7 @@ image with baked weights never downloads again.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -130,16 +130,13 @@ def choose_cache_disk(mounts: list[Mount], boot_root: str, held: Mapping[str, in
     if holding:
         best = max(holding, key=lambda o: (held[o.root], o.free_bytes))
         where = "the scratch disk" if best.scratch else "the boot disk"
-        return _with(best, f"{where} already holds {_gib(held[best.root])} of the model")
+        return replace(best, reason=f"{where} already holds {_gib(held[best.root])} of the model")
     scratch = max(options[1:], key=lambda o: o.free_bytes, default=None)
+    boot_free = _gib(on_boot.free_bytes)
     if scratch is None:
-        return _with(on_boot, f"no other local disk is mounted; the boot disk has {_gib(on_boot.free_bytes)} free")
+        return replace(on_boot, reason=f"no other local disk is mounted; the boot disk has {boot_free} free")
     if scratch.free_bytes > on_boot.free_bytes:
-        return _with(scratch, f"the scratch disk {scratch.mount} ({scratch.device}) has more room than the boot "
-                              f"disk: {_gib(scratch.free_bytes)} free against {_gib(on_boot.free_bytes)}")
-    return _with(on_boot, f"the boot disk has more room ({_gib(on_boot.free_bytes)} free) than the largest other disk, "
-                          f"{scratch.mount} ({_gib(scratch.free_bytes)})")
-
-
-def _with(disk: CacheDisk, reason: str) -> CacheDisk:
-    return CacheDisk(disk.root, disk.mount, disk.device, disk.free_bytes, disk.scratch, reason)
+        return replace(scratch, reason=f"the scratch disk {scratch.mount} ({scratch.device}) has more room than the "
+                                       f"boot disk: {_gib(scratch.free_bytes)} free against {boot_free}")
+    return replace(on_boot, reason=f"the boot disk has more room ({boot_free} free) than the largest other disk, "
+                                   f"{scratch.mount} ({_gib(scratch.free_bytes)})")

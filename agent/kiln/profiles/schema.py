@@ -158,6 +158,11 @@ class Profile(Strict):
             )
         return self
 
+    @property
+    def local_model(self) -> bool:
+        """The model is made on the machine (the tiny test model), not read from the Hub."""
+        return any(c.local for c in self.checkpoints.values())
+
     def override_for(self, gpu_class: str, architecture: str) -> GpuOverride | None:
         """The most specific override: GPU class (h100) before architecture (hopper)."""
         return self.gpu_overrides.get(gpu_class) or self.gpu_overrides.get(architecture)

@@ -83,7 +83,7 @@ def instance_dropin(inst: RenderedInstance, *, profile: str, writable: tuple[str
         lines.append(f"CPUAffinity={_cpu_list(inst.cpus)}")
     if inst.numa_node is not None:
         lines += ["NUMAPolicy=bind", f"NUMAMask={inst.numa_node}"]
-    # ReadWritePaths= adds to the template's /var/lib/kiln under ProtectSystem=strict.
+    # ReadWritePaths= adds to the template's folders in /var/lib/kiln under ProtectSystem=strict.
     lines += [f"ReadWritePaths={quote(path)}" for path in writable]
     return "\n".join(lines) + "\n"
 

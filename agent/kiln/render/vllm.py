@@ -13,7 +13,8 @@ from kiln.planner.types import InstancePlan, Plan
 IMAGE_VLLM = ("/opt/kiln/vllm/bin/vllm", "serve")
 IMAGE_VLLM_PYTHON = "/opt/kiln/vllm/bin/python"
 MODULE_VLLM = ("-m", "vllm.entrypoints.openai.api_server")
-LOCAL_MODEL_ENV = {"HF_HUB_OFFLINE": "1"}  # a model made on the machine never needs the Hub
+# huggingface_hub asks the Hub nothing: for a model made on the machine, or one already in the cache.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1"}
 
 
 def find_vllm_python() -> str:
@@ -145,7 +146,7 @@ def render_instances(plan: Plan, runtime: Runtime, *, local_model: bool = False)
         RenderedInstance(
             name=inst.name, port=inst.port, gpus=inst.gpus, device_minors=inst.device_minors,
             argv=(*runtime.vllm_command, *vllm_args(plan, inst, runtime, local_model=local_model)),
-            env={**vllm_env(plan, inst, runtime), **LOCAL_MODEL_ENV} if local_model else vllm_env(plan, inst, runtime),
+            env={**vllm_env(plan, inst, runtime), **OFFLINE_ENV} if local_model else vllm_env(plan, inst, runtime),
             cpus=inst.cpus, numa_node=inst.numa_node,
         )
         for inst in plan.instances

@@ -25,14 +25,13 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.doctor.needs import needs_of
 from kiln.doctor.report import Report
 from kiln.errors import KilnError
-from kiln.hardware.disks import CacheDisk
 from kiln.hardware.system import hub_cache
 from kiln.hub.baked import MANIFEST, read_manifest
 from kiln.hub.client import HubClient, Progress
 from kiln.hub.files import repos_for
 from kiln.hub.preflight import HubVerdict
 from kiln.render.systemd import instance_dropin
-from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime, vllm_python
+from kiln.render.vllm import IMAGE_VLLM, OFFLINE_ENV, RenderedInstance, Runtime, vllm_python
 from kiln.serve import metrics as prom
 from kiln.serve.apikey import ensure_api_key, write_private
 from kiln.serve.caches import Caches, place_caches
@@ -98,7 +97,11 @@ def give_to_user(user: str, state_dir: Path, paths: list[Path]) -> None:
 
 def keep_for_root(folder: Path) -> None:
     """The agent's own folder: a real directory, root's, which no one else may write (not even the instances)."""
-    info = os.lstat(folder)
+    try:
+        info = os.lstat(folder)
+    except OSError as exc:
+        raise KilnError(f"{folder} cannot be read: {exc.strerror}",
+                        fix="the kiln_agent role makes it; rebuild the image or create it, root's, mode 0755") from exc
     if not stat.S_ISDIR(info.st_mode):
         raise KilnError(f"{folder} is not a directory (a link or a file is there)",
                         fix=f"remove it (`rm {folder}`), then `systemctl restart kiln-agent`, which makes the folder")
@@ -150,7 +153,7 @@ class Agent:
         self.stopping = threading.Event()
         self._self_check: threading.Thread | None = None
         self.models_cached = False  # the plan's repositories are in the cache: the instances start offline
-        self.caches = Caches(CacheDisk(str(layout.state_dir), "", "", 0, False, "not chosen yet"))
+        self.caches = Caches.in_state_dir(layout.state_dir, "not chosen yet")
         self.steps = AgentSteps()
         self._lap_from = time.monotonic()
         self._timelines: dict[str, tuple[object, bool]] = {}  # instance -> (the run its timeline is of, complete)
@@ -190,9 +193,8 @@ class Agent:
         if options.systemd:  # before anything is read from it or written to it
             try:
                 keep_for_root(layout.state_dir)
-            except (KilnError, OSError) as exc:
-                self._fail(str(exc) if isinstance(exc, OSError) else exc.what,
-                           exc.fix if isinstance(exc, KilnError) else "check /var/lib/kiln")
+            except KilnError as exc:
+                self._fail(exc.what, exc.fix)
                 return
         resolved = options.read_choice()
         self._lap("read the choice")
@@ -254,8 +256,7 @@ class Agent:
     def _place_caches(self, decision: Decision) -> Caches:
         assert decision.plan is not None and decision.profile is not None
         layout = self.options.layout
-        local = any(c.local for c in decision.profile.checkpoints.values())
-        repos = [n.repo for n in repos_for(decision.plan, local)]
+        repos = [n.repo for n in repos_for(decision.plan, decision.profile.local_model)]
         caches = place_caches(self.kiln.mounts(), layout.state_dir, repos)
         self.state.cache = caches.as_dict()
         log.info("cache disk: %s: %s", caches.root, caches.disk.reason)
@@ -326,7 +327,7 @@ class Agent:
     def _supervisor(self, decision: Decision, resolved: ResolvedChoice) -> Supervisor:
         layout, options = self.options.layout, self.options
         assert decision.plan is not None and decision.profile is not None
-        if any(c.local for c in decision.profile.checkpoints.values()) and decision.profile.cpu_only:
+        if decision.profile.local_model and decision.profile.cpu_only:
             target = layout.models_dir / decision.plan.engine.model
             if not (target / "config.json").exists():
                 log.info("making the tiny model in %s", target)
@@ -381,10 +382,13 @@ class Agent:
 
     def _instance(self, rendered: RenderedInstance, logs: Path | None) -> Member:
         base = f"http://{self.options.layout.local_host}:{rendered.port}"
-        env = {**rendered.env, **({"HF_HUB_OFFLINE": "1"} if self.models_cached else {})}
-        spec = ProcessSpec(rendered.name, rendered.argv, env, log_file=_log(logs, rendered.name),
+        spec = ProcessSpec(rendered.name, rendered.argv, self._env(rendered), log_file=_log(logs, rendered.name),
                            env_files=(self.options.layout.hf_token_env,))
         return Member(spec, probe_url=f"{base}/health", route_url=base, port=rendered.port)
+
+    def _env(self, rendered: RenderedInstance) -> dict[str, str]:
+        """An instance's environment (and the self-check's): offline once the plan's repositories are cached."""
+        return {**rendered.env, **(OFFLINE_ENV if self.models_cached else {})}
 
     def _write_motd(self, key: str) -> None:
         self._write_motd_text(f"kiln: OpenAI-compatible endpoint {self.state.endpoint}/v1 (model: see `kiln status`)\n"
@@ -419,8 +423,7 @@ class Agent:
                         first.argv[first.argv.index("--model") + 1])
         client = VllmBench(vllm_python(self.options.vllm_command), self.options.layout.state_dir / "self-check.log")
         try:
-            env = {**first.env, **({"HF_HUB_OFFLINE": "1"} if self.models_cached else {})}  # the tokenizer is cached
-            raw = client.run(target, settings.spec().workload(settings.concurrency), env)
+            raw = client.run(target, settings.spec().workload(settings.concurrency), self._env(first))
             result = self_check_result(raw, self.state.plan, decision.plan.engine.device, settings)
         except (KilnError, OSError) as exc:
             result = {"state": "failed", "degraded": False, "verdict": f"the self-check could not run: {exc}"}

@@ -10,11 +10,17 @@ from pathlib import Path
 from kiln.hardware.disks import CacheDisk, Mount, choose_cache_disk, mount_of, scratch_candidates, scratch_root
 from kiln.hardware.system import blob_bytes, hub_cache, repo_folder
 from kiln.render.vllm import Runtime
+from kiln.serve.layout import HF_HOME_FOLDER
 
 
 @dataclass(frozen=True)
 class Caches:
     disk: CacheDisk
+
+    @classmethod
+    def in_state_dir(cls, state_dir: Path, why: str) -> Caches:
+        """The caches in the state folder on the boot disk, where an image bakes its weights."""
+        return cls(CacheDisk(str(state_dir), "", "", 0, False, why))
 
     @property
     def root(self) -> Path:
@@ -22,7 +28,7 @@ class Caches:
 
     @property
     def hf_home(self) -> Path:
-        return self.root / "huggingface"
+        return hf_home_under(self.root)
 
     @property
     def compile_dir(self) -> Path:
@@ -42,9 +48,13 @@ class Caches:
         return {**self.disk.as_dict(), "hf_home": str(self.hf_home)}
 
 
+def hf_home_under(root: Path) -> Path:
+    return root / HF_HOME_FOLDER
+
+
 def held_bytes(root: Path, repos: list[str]) -> int:
     """The bytes of these repositories in the Hugging Face cache under root."""
-    return sum(blob_bytes(repo_folder(hub_cache(root / "huggingface"), repo)) for repo in repos)
+    return sum(blob_bytes(repo_folder(hub_cache(hf_home_under(root)), repo)) for repo in repos)
 
 
 def place_caches(mounts: list[Mount], state_dir: Path, repos: list[str]) -> Caches:

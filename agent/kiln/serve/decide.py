@@ -38,10 +38,9 @@ class Decision:
     failure: tuple[str, str] | None = None  # what, fix: nothing can be served
 
     def render(self, runtime: Runtime) -> None:
-        """The instances again, for a runtime that changed after planning (the cache disk)."""
+        """The plan's instances for this runtime; again when the runtime changes after planning (the cache disk)."""
         if self.plan and self.profile:
-            local = any(c.local for c in self.profile.checkpoints.values())
-            self.rendered = render_instances(self.plan, runtime, local_model=local)
+            self.rendered = render_instances(self.plan, runtime, local_model=self.profile.local_model)
 
     def choice_report(self) -> dict[str, Any]:
         values = json.loads(self.choice.choice.model_dump_json(exclude=set(SECRET_FIELDS), exclude_none=True))
@@ -96,7 +95,6 @@ def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runti
         decision.failure = (f"{profile.name} cannot be served on {decision.machine.name}: {plan.reason}",
                             "; ".join(plan.suggestions) or "use a machine with a supported NVIDIA GPU")
         return decision
-    local = any(c.local for c in profile.checkpoints.values())
     decision.plan = plan
-    decision.rendered = render_instances(plan, runtime, local_model=local)
+    decision.render(runtime)
     return decision

@@ -13,6 +13,7 @@ IMAGE_STATE_DIR = Path("/var/lib/kiln")
 # Secrets for the units' EnvironmentFile= (kiln-vllm@.service): root-only, on tmpfs, read by systemd as root
 # before it drops to the instances' user, and outside /var/lib/kiln, which that user owns.
 IMAGE_SECRETS_DIR = Path("/run/kiln")
+HF_HOME_FOLDER = "huggingface"  # HF_HOME under a cache root: the state folder, or <scratch disk>/kiln
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class ServeLayout:
     @property
     def hf_home(self) -> Path:
         """HF_HOME of the instances: the Hugging Face cache the agent downloads into."""
-        return self.state_dir / "huggingface"
+        return self.state_dir / HF_HOME_FOLDER
 
     @property
     def home_dir(self) -> Path:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.select import FALLBACK_PROFILE
+from kiln.hardware.system import hub_cache
 from kiln.hub.baked import Manifest, check_repo
 from kiln.hub.client import HubClient, Progress, RepoCheck
 from kiln.hub.files import repos_for
@@ -36,7 +37,7 @@ class ModelStep:
     def baked_status(self, decision: Decision) -> tuple[bool, str]:
         """Whether the image's baked files cover everything this plan reads, whole and unchanged, and what."""
         assert self.manifest is not None and decision.plan is not None and decision.profile is not None
-        local = any(c.local for c in decision.profile.checkpoints.values())
+        local = decision.profile.local_model
         wanted = [(n.repo, n.revision) for n in repos_for(decision.plan, local)]
         if local:
             wanted.append((decision.plan.engine.model, "local"))
@@ -45,7 +46,7 @@ class ModelStep:
             baked = self.manifest.find(repo, revision)
             if baked is None:
                 return False, f"{repo} was not baked into the image (it has {', '.join(self.manifest.profiles)})"
-            problem = check_repo(baked, self.baked_cache / "hub", self.models_dir)
+            problem = check_repo(baked, hub_cache(self.baked_cache), self.models_dir)
             if problem:
                 return False, problem
             found.append(baked)
@@ -64,8 +65,7 @@ class ModelStep:
                     self.baked = what
                     return decision, None
                 log.warning("the baked model cannot be used: %s; asking the Hub", what)
-            local = any(c.local for c in decision.profile.checkpoints.values())
-            needed = repos_for(decision.plan, local)
+            needed = repos_for(decision.plan, decision.profile.local_model)
             if not needed:
                 return decision, None
             hub = self.client(resolved.choice.hf_token)
