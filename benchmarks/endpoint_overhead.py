@@ -1,4 +1,5 @@
-"""The public endpoint (nginx -> vllm-router -> instances) beside direct access to one instance, in one run.
+"""The public endpoint (nginx -> vllm-router -> instances), with TLS off and on, beside direct access to one
+instance, in one run.
 
 Two backends:
 - fake: two fast fake OpenAI servers (benchmarks.fake_openai) behind kiln's own front and router, so the figures
@@ -16,10 +17,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stacks import REPO, bench, fake_stack, vllm_stack
+from benchmarks.stacks import REPO, Endpoints, bench, fake_stack, vllm_stack
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 
@@ -31,19 +33,27 @@ def workload(args: argparse.Namespace, prompts: int) -> list[str]:
             str(args.output_len), "--num-prompts", str(prompts), "--max-concurrency", str(args.concurrency)]
 
 
-def compare(name: str, stack: contextlib.AbstractContextManager[tuple[str, str, str]], tokenizer: Path,
+def compare(name: str, stack: Callable[[bool], contextlib.AbstractContextManager[Endpoints]], tokenizer: Path,
             args: argparse.Namespace) -> list[str]:
-    with stack as (public, direct, key):
-        bench(direct, key, tokenizer, workload(args, args.concurrency))  # warm-up
-        # Alternate the order so neither side gets a warmer machine.
-        runs: dict[str, list[dict[str, Any]]] = {"direct": [], "public": []}
-        for target in ("direct", "public", "public", "direct"):
-            runs[target].append(bench(direct if target == "direct" else public, key, tokenizer,
-                                      workload(args, args.num_prompts)))
+    """Direct beside the public endpoint with TLS off and on; one stack per TLS setting, each measured in
+    alternating order so neither side gets a warmer machine."""
+    runs: dict[str, list[dict[str, Any]]] = {"direct": [], "public, TLS off": [], "public, TLS on": []}
+    for tls in (False, True):
+        public = f"public, TLS {'on' if tls else 'off'}"
+        with stack(tls) as ends:
+            bench(ends.direct, ends.key, tokenizer, workload(args, args.concurrency))  # warm-up
+            bench(ends.public, ends.key, tokenizer, workload(args, args.concurrency))
+            for target in ("direct", public, public, "direct"):
+                runs[target].append(bench(ends.direct if target == "direct" else ends.public, ends.key, tokenizer,
+                                          workload(args, args.num_prompts)))
     mean = {t: {m: sum(r[m] for r in rs) / len(rs) for m in METRICS} for t, rs in runs.items()}
     rows = [f"| {name} | {t} | " + " | ".join(f"{mean[t][m]:,.1f}" for m in METRICS) + " |" for t in mean]
-    rows.append(f"| {name} | public/direct | " + " | ".join(
-        f"{mean['public'][m] / mean['direct'][m]:.2f}x" if mean["direct"][m] else "-" for m in METRICS) + " |")
+    for t in ("public, TLS off", "public, TLS on"):
+        rows.append(f"| {name} | {t} / direct | " + " | ".join(
+            f"{mean[t][m] / mean['direct'][m]:.3f}x" if mean["direct"][m] else "-" for m in METRICS) + " |")
+    for m in ("p50_ttft_ms", "p50_e2el_ms"):
+        rows.append(f"| {name} | TLS on - direct, {m.removesuffix('_ms')} | "
+                    f"{mean['public, TLS on'][m] - mean['direct'][m]:+.2f} ms |" + " |" * (len(METRICS) - 1))
     return rows
 
 
@@ -54,6 +64,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--instances", type=int, nargs="+", default=[1, 2], help="vLLM rows: instances per stack")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
         root = Path(tmp)
@@ -61,14 +72,15 @@ def main() -> None:
         rows: list[str] = []
         if args.backend in ("fake", "both"):
             (root / "fake").mkdir()
-            rows += compare("fake backend", fake_stack(root / "fake"), tokenizer, args)
+            rows += compare("fake backend", lambda tls: fake_stack(root / f"fake-tls-{tls}", tls), tokenizer, args)
         if args.backend in ("vllm", "both"):
-            for n in (1, 2):
-                (root / f"vllm{n}").mkdir()
-                rows += compare(f"vLLM CPU, {n} instance(s)", vllm_stack(root / f"vllm{n}", instances=n), tokenizer,
-                                args)
+            for n in args.instances:
+                rows += compare(f"vLLM CPU, {n} instance(s)",
+                                lambda tls, n=n: vllm_stack(root / f"vllm{n}-tls-{tls}", instances=n, tls=tls),
+                                tokenizer, args)
     print(f"\n{args.num_prompts} streaming completions, {args.input_len} in / {args.output_len} out tokens, "
-          f"concurrency {args.concurrency}; direct = one instance, public = nginx -> vllm-router -> all instances\n")
+          f"concurrency {args.concurrency}; direct = one instance, public = nginx (TLS off or on) -> vllm-router "
+          "-> all instances\n")
     print("| backend | target | req/s | out tok/s | TTFT p50 ms | TTFT p99 ms | E2E p50 ms | E2E p99 ms |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))

@@ -54,7 +54,8 @@ def main() -> None:
         tokenizer = make_tiny_model(Kiln.create(REPO / "profiles").catalog().get("tiny-cpu"), root / "tokenizer")
         for policy in POLICIES:
             (root / policy).mkdir()
-            with vllm_stack(root / policy, policy) as (public, _direct, key):
+            with vllm_stack(root / policy, policy) as stack:
+                public, key = stack.public, stack.key
                 health = f"http://127.0.0.1:{PORTS.health}"
                 hits0, queries0 = prefix_cache_counters(health)
                 result = bench(public, key, tokenizer, workload)

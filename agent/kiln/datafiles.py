@@ -18,3 +18,8 @@ def list_names(folder: str) -> list[str]:
     """Names (without .yaml) of the data files in a data/ sub-folder."""
     root = resources.files("kiln").joinpath("data").joinpath(folder)
     return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def data_dir(folder: str) -> str:
+    """A data/ sub-folder on disk (the package is installed as files, never zipped): what another process reads."""
+    return str(resources.files("kiln").joinpath("data").joinpath(folder))

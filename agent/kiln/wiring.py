@@ -26,6 +26,8 @@ from kiln.hardware.model import Machine
 from kiln.hardware.record import record_machine
 from kiln.hardware.specs import GpuCatalog
 from kiln.hardware.system import LiveSystem, RecordedSystem, SystemFacts
+from kiln.perf.aiconfigurator import AiConfigurator
+from kiln.perf.aiconfigurator import find as aiconfigurator_find
 from kiln.planner.types import Constants
 from kiln.profiles.catalog import Catalog, find_profile_dir, load_catalog
 from kiln.profiles.hf_config import profile_from_model_dir
@@ -43,6 +45,10 @@ class Kiln:
     def create(cls, profile_dir: Path | None = None) -> Kiln:
         return cls(gpus=gpu_catalog(), constants=Constants(datafiles.read_yaml("planner.yaml")),
                    stack=GpuStack.model_validate(datafiles.read_yaml("gpu_stack.yaml")), profile_dir=profile_dir)
+
+    def aiconfigurator(self) -> AiConfigurator | None:
+        """NVIDIA AIConfigurator in its own virtualenv, when installed (bash ci/aiconfigurator.sh)."""
+        return aiconfigurator_find(Path(__file__).resolve().parents[2])
 
     def catalog(self) -> Catalog:
         return load_catalog(self.profile_dir or find_profile_dir(), self.gpus.specs)

@@ -18,6 +18,7 @@ import requests
 pytestmark = pytest.mark.integration
 KILN = str(Path(sys.executable).parent / "kiln")
 KEY = "user-chosen-key-0123456789"
+CI_KEY = "kiln-ci-key-from-user-data-0123"
 HF_TOKEN = "hf_kilnTestTokenNotRealAbCdEfGhIjKlMnOp"
 USER_DATA = f"""#cloud-config
 write_files:
@@ -28,6 +29,7 @@ write_files:
       instances: 1
       api_key: {KEY}
       hf_token: {HF_TOKEN}
+      tls: off
 """
 
 
@@ -62,7 +64,8 @@ def test_the_agent_serves_what_user_data_chose(tmp_path: Path) -> None:
     with log.open("w") as out:
         agent = subprocess.Popen(
             [KILN, "agent", "run", "--root", str(tmp_path / "root"), "--state-dir", str(state), "--launcher", "process",
-             "--public-host", "127.0.0.1", "--port", "18400", "--health-port", "18490", "--router-port", "18401",
+             "--public-host", "127.0.0.1", "--port", "18400", "--http-port", "0", "--health-port", "18490",
+             "--router-port", "18401",
              "--router-metrics-port", "18402", "--motd", str(tmp_path / "motd")], stdout=out, stderr=subprocess.STDOUT)
     try:
         status: dict[str, object] = {}
@@ -78,8 +81,12 @@ def test_the_agent_serves_what_user_data_chose(tmp_path: Path) -> None:
         assert choice["origins"]["profile"].startswith("user-data (cloud-init")
         plan = json.loads((state / "plan.json").read_text())
         assert plan == status["plan"] and len(plan["instances"]) == 1
-        assert (state / "api_key").read_text().strip() == KEY
-        assert KEY in (tmp_path / "motd").read_text()
+        assert json.loads((state / "keys.json").read_text())["keys"] == [
+            {"name": "default", "key": KEY, "requests_per_minute": None, "origin": "user-data"}]
+        motd = (tmp_path / "motd").read_text()
+        assert KEY not in motd and "API keys: default" in motd and "TLS off" in motd
+        assert status["tls"] == {"mode": "off"}
+        assert str(status["endpoint"]).startswith("http://") and str(status["endpoint"]).endswith(":18400")
         assert choice["hf_token_set"] is True and "hf_token" not in choice["values"]
 
         # The token reaches vLLM through its environment file alone, and nowhere else.
@@ -95,6 +102,22 @@ def test_the_agent_serves_what_user_data_chose(tmp_path: Path) -> None:
                               headers={"Authorization": f"Bearer {KEY}"},
                               json={"model": "tiny-cpu", "prompt": "kiln", "max_tokens": 8, "ignore_eos": True})
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 8
+
+        # A key added to user-data applies on `kiln reload`, with nothing restarted.
+        def members() -> list[tuple[str, int]]:
+            status = requests.get(f"{health}/status", timeout=10).json()
+            return [(m["name"], m["pid"]) for m in [*status["instances"], *status["services"]]]
+
+        pids = members()
+        (seed / "user-data.txt").write_text(USER_DATA.replace("      tls: off", f"      tls: off\n      api_keys:\n"
+                                                                             f"        ci: {CI_KEY}"))
+        reload = subprocess.run([KILN, "reload", "--state-dir", str(state), "--health", health, "--json"],
+                                capture_output=True, text=True, timeout=30, check=True)
+        assert json.loads(reload.stdout)["reload"]["changed"] == ["keys"], reload.stdout
+        models = requests.get("http://127.0.0.1:18400/v1/models", timeout=10,
+                              headers={"Authorization": f"Bearer {CI_KEY}"})
+        assert models.status_code == 200
+        assert members() == pids  # nginx's master re-read its configuration; its workers alone were replaced
         children = psutil.Process(agent.pid).children(recursive=True)
     finally:
         agent.send_signal(signal.SIGTERM)

@@ -62,3 +62,32 @@ def test_compare_runs_kilns_plan_and_vanilla_vllm_side_by_side(tmp_path: Path) -
     assert "--tensor-parallel-size" not in result["vanilla_argv"]  # one CPU instance, vLLM's defaults
     assert "Output tok/s: kiln vs vanilla" in done.stdout and "x)" in done.stdout
     assert (out / "throughput_vs_concurrency.png").exists() and (out / "compare.md").exists()
+
+
+# On two cores the benchmark client, nginx, the router and both engines share the CPUs, so a level's output rate
+# lands within this factor of the prediction: measured here 0.75x to 1.14x on a quiet machine, down to 0.51x while
+# another test suite ran beside it.
+PREDICTION_FACTOR = 2.0
+
+
+def test_kiln_bench_prints_the_prediction_beside_each_measured_level(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench"
+    with setups.kiln_up(tmp_path / "kiln", "tiny-cpu") as up:
+        done = subprocess.run([KILN, "bench", "--url", up.url, "--api-key", up.api_key or "", "--concurrency", "1,4,16",
+                               "--input-len", "256", "--output-len", "128", "--predict", "tiny-cpu",
+                               "--out", str(out)], capture_output=True, text=True, timeout=1200, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "measured vs predicted" in done.stdout
+    results = json.loads((out / "results.json").read_text())
+    ratios = {r["concurrency"]: r["output_tokens_per_s"] / r["predicted"]["output_tokens_per_s"] for r in results}
+    with capsys.disabled():
+        print("\n  measured: tiny-cpu, 256 in / 128 out, measured / predicted output tok/s: "
+              + ", ".join(f"concurrency {c}: {r['output_tokens_per_s']:,.0f} / "
+                          f"{r['predicted']['output_tokens_per_s']:,.0f} = {ratios[c]:.2f}x" for c, r in
+                          zip(ratios, results, strict=True)))
+    assert all(r["predicted"]["engine"] == "kiln" and r["failed"] == 0 for r in results)
+    assert all(1 / PREDICTION_FACTOR <= ratio <= PREDICTION_FACTOR for ratio in ratios.values()), ratios
+    # More concurrency, more output: measured and predicted agree on the direction.
+    assert results[0]["predicted"]["output_tokens_per_s"] < results[-1]["predicted"]["output_tokens_per_s"]
+    assert results[0]["output_tokens_per_s"] < results[-1]["output_tokens_per_s"]

@@ -5,6 +5,7 @@ tests/hub_server.py, serving the tiny model's real files; vLLM is the CPU build.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -77,7 +78,8 @@ def agent(tmp_path: Path, hub: Hub, settings: str, port: int) -> Iterator[tuple[
     proc = subprocess.Popen(
         [KILN, "--profiles-dir", str(profiles), "agent", "run", "--machine", "cpu-only", "--root",
          str(tmp_path / "root"), "--state-dir", str(tmp_path / "state"), "--launcher", "process",
-         "--public-host", "127.0.0.1", "--port", str(port), "--health-port", str(port + 90), "--router-port",
+         "--public-host", "127.0.0.1", "--port", str(port), "--http-port", "0", "--health-port", str(port + 90),
+         "--router-port",
          str(port + 1), "--router-metrics-port", str(port + 2), "--motd", str(tmp_path / "motd")],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_ENDPOINT": hub.url})
     try:
@@ -126,8 +128,9 @@ def test_a_gated_model_downloads_once_to_the_scratch_disk_and_serves_offline(hub
         compiled = scratch_disk / "kiln" / "compile" / "vllm"
         assert all(p.environ().get("VLLM_CACHE_ROOT") == str(compiled) for p in servers)
         assert any(compiled.rglob("*")), "vLLM's compile cache is on the scratch disk"
-        key = (tmp_path / "state" / "api_key").read_text().strip()
-        reply = requests.post("http://127.0.0.1:18600/v1/completions", timeout=60,
+        key = json.loads((tmp_path / "state" / "keys.json").read_text())["keys"][0]["key"]
+        reply = requests.post("https://127.0.0.1:18600/v1/completions", timeout=60,
+                              verify=str(tmp_path / "state" / "tls" / "self-signed.crt"),
                               headers={"Authorization": f"Bearer {key}"},
                               json={"model": "tiny-hub", "prompt": "kiln", "max_tokens": 4})
         assert reply.status_code == 200, reply.text

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 import requests
@@ -31,6 +33,8 @@ pytestmark = pytest.mark.integration
 PUBLIC, HEALTH, ROUTER, ROUTER_METRICS = 18000, 18090, 18001, 18002
 PRICE_PER_HOUR = 1.57
 STARTUP_TIMEOUT_S = 480
+# Each new instance compiles afresh (max_model_len is part of vLLM's compile hash) beside 16 busy clients.
+ROLLING_TIMEOUT_S = 1800
 KILN = str(Path(sys.executable).parent / "kiln")
 
 
@@ -41,8 +45,17 @@ class Stack:
     log: Path
     key: str = ""
     measured: dict[str, float] = field(default_factory=dict)
+    http: requests.Session = field(default_factory=requests.Session)  # pins the stack's own certificate
 
-    base = f"http://127.0.0.1:{PUBLIC}"
+    @property
+    def certificate(self) -> Path:
+        return self.state_dir / "tls" / "self-signed.crt"
+
+    def pinned(self) -> ssl.SSLContext:
+        """What a client of a self-signed endpoint does: trust that one certificate, and only it."""
+        return ssl.create_default_context(cafile=str(self.certificate))
+
+    base = f"https://127.0.0.1:{PUBLIC}"
     health = f"http://127.0.0.1:{HEALTH}"
     router = f"http://127.0.0.1:{ROUTER}"
 
@@ -86,13 +99,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log = state / "kiln-up.log"
     argv = [KILN, "up", "--state-dir", str(state), "--host", "0.0.0.0", "--port", str(PUBLIC),
             "--health-port", str(HEALTH), "--router-port", str(ROUTER), "--router-metrics-port", str(ROUTER_METRICS),
-            "--price-per-hour", str(PRICE_PER_HOUR)]
+            "--price-per-hour", str(PRICE_PER_HOUR), "--config", str(state / "kiln.yaml")]
     with log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     s = Stack(proc, state, log)
     try:
         s.wait_for("phase ready", lambda: s.status()["phase"] == "ready", STARTUP_TIMEOUT_S, every_s=2)
-        s.key = (state / "api_key").read_text().strip()
+        s.key = json.loads((state / "keys.json").read_text())["keys"][0]["key"]
+        s.http.verify = str(s.certificate)
+        # One kept-alive TLS connection per streaming client: a new handshake per request would load the machine.
+        s.http.mount("https://", requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=64))
+        s.http.trust_env = False  # REQUESTS_CA_BUNDLE, where set, would override the pinned certificate
         yield s
     finally:
         if proc.poll() is None:
@@ -104,13 +121,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def test_completion_and_streamed_chat_through_the_public_endpoint(stack: Stack) -> None:
-    reply = requests.post(f"{stack.base}/v1/completions", headers=stack.auth(), timeout=60, json={
+    reply = stack.http.post(f"{stack.base}/v1/completions", headers=stack.auth(), timeout=60, json={
         "model": "tiny-cpu", "prompt": "kiln bakes", "max_tokens": 16, "ignore_eos": True})
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] == 16
 
     chunks: list[dict[str, Any]] = []
-    with requests.post(f"{stack.base}/v1/chat/completions", headers=stack.auth(), stream=True, timeout=60, json={
+    with stack.http.post(f"{stack.base}/v1/chat/completions", headers=stack.auth(), stream=True, timeout=60, json={
             "model": "tiny-cpu", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}) as r:
         assert r.status_code == 200
@@ -124,14 +141,14 @@ def test_completion_and_streamed_chat_through_the_public_endpoint(stack: Stack) 
     assert events[0]["delta"]["role"] == "assistant"
     assert events[-1]["finish_reason"] == "length"
 
-    models = requests.get(f"{stack.base}/v1/models", headers=stack.auth(), timeout=10).json()
+    models = stack.http.get(f"{stack.base}/v1/models", headers=stack.auth(), timeout=10).json()
     assert [m["id"] for m in models["data"]] == ["tiny-cpu"]
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics", "/", "/x"])
 def test_every_path_needs_the_api_key(stack: Stack, path: str) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong-key-000000000000"}, {"Authorization": stack.key}):
-        reply = requests.post(f"{stack.base}{path}", headers=headers, json={"model": "tiny-cpu"}, timeout=10)
+        reply = stack.http.post(f"{stack.base}{path}", headers=headers, json={"model": "tiny-cpu"}, timeout=10)
         assert reply.status_code == 401, (path, headers, reply.text)
         assert reply.headers["WWW-Authenticate"].startswith("Bearer")
         assert reply.json()["error"]["code"] == "invalid_api_key"
@@ -145,14 +162,16 @@ def test_every_path_needs_the_api_key(stack: Stack, path: str) -> None:
     "/flush_cache", "/get_loads", "/v1/completions/../../tokenize", "/v1/models/../../pause"])
 def test_internal_paths_are_not_served_publicly(stack: Stack, path: str) -> None:
     for method in ("GET", "POST"):
-        reply = requests.request(method, f"{stack.base}{path}", headers=stack.auth(), json={}, timeout=10)
+        reply = stack.http.request(method, f"{stack.base}{path}", headers=stack.auth(), json={}, timeout=10)
         assert reply.status_code == 404, (method, path, reply.status_code, reply.text[:200])
 
 
 def test_the_official_openai_sdk_through_the_public_endpoint(stack: Stack) -> None:
-    """What a user's code does: models, chat, a stream, completions, the Responses API, and a tool call, which must
-    reach vLLM intact: vLLM takes a tool_choice naming one of the tools, and refuses one naming none of them."""
-    client = OpenAI(base_url=f"{stack.base}/v1", api_key=stack.key, max_retries=0, timeout=120)
+    """What a user's code does, over TLS with the machine's certificate pinned: models, chat, a stream, completions,
+    the Responses API, and a tool call, which must reach vLLM intact: vLLM takes a tool_choice naming one of the
+    tools, and refuses one naming none of them."""
+    client = OpenAI(base_url=f"{stack.base}/v1", api_key=stack.key, max_retries=0, timeout=120,
+                    http_client=httpx.Client(verify=stack.pinned()))
     assert [m.id for m in client.models.list()] == ["tiny-cpu"]
     hello = [{"role": "user", "content": "kiln"}]
     chat = client.chat.completions.create(model="tiny-cpu", messages=hello, max_tokens=8)
@@ -177,10 +196,10 @@ def test_the_official_openai_sdk_through_the_public_endpoint(stack: Stack) -> No
 
 
 def test_the_public_health_check_needs_no_key_and_says_nothing_more(stack: Stack) -> None:
-    reply = requests.get(f"{stack.base}/health", timeout=10)
+    reply = stack.http.get(f"{stack.base}/health", timeout=10)
     assert reply.status_code == 200 and reply.json() == {"status": "ok"}
     assert "Server" not in reply.headers or reply.headers["Server"] == "nginx"
-    assert requests.post(f"{stack.base}/health", timeout=10).status_code == 405
+    assert stack.http.post(f"{stack.base}/health", timeout=10).status_code == 405
 
 
 def test_only_the_public_endpoint_listens_beyond_localhost(stack: Stack) -> None:
@@ -203,10 +222,12 @@ def test_status_reports_the_instances_without_the_key(stack: Stack) -> None:
     assert stack.key not in out
     status = json.loads(out)
     assert status["phase"] == "ready"
-    assert status["endpoint"].endswith(f":{PUBLIC}")
+    assert status["endpoint"].startswith("https://") and status["endpoint"].endswith(f":{PUBLIC}")
     assert status["health"] == stack.health
-    assert status["api_key_file"] == str(stack.state_dir / "api_key")
-    assert oct(os.stat(status["api_key_file"]).st_mode & 0o777) == "0o600"
+    assert status["keys_file"] == str(stack.state_dir / "keys.json")
+    assert oct(os.stat(status["keys_file"]).st_mode & 0o777) == "0o600"
+    assert status["keys"] == [{"name": "default", "requests_per_minute": None, "origin": "generated"}]
+    assert status["tls"]["mode"] == "self-signed" and "127.0.0.1" in status["tls"]["names"]
     assert [(i["name"], i["port"], i["state"], i["restarts"]) for i in status["instances"]] == [
         ("vllm-0", 8100, "ready", 0), ("vllm-1", 8101, "ready", 0)]
     assert all(psutil.pid_exists(i["pid"]) for i in status["instances"])
@@ -215,8 +236,14 @@ def test_status_reports_the_instances_without_the_key(stack: Stack) -> None:
 
     text = subprocess.run([KILN, "status", "--health", stack.health], capture_output=True, text=True, timeout=30,
                           check=True).stdout
-    assert stack.key in text  # shown to the owner, read from the 0600 file, never over HTTP
-    assert "vllm-0" in text and "ready" in text
+    assert stack.key not in text  # only names; `kiln keys show` prints a key
+    assert "vllm-0" in text and "ready" in text and status["tls"]["sha256"] in text
+    pem = subprocess.run([KILN, "status", "--certificate", "--health", stack.health], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    assert pem == stack.certificate.read_text() and pem.startswith("-----BEGIN CERTIFICATE-----")
+    shown = subprocess.run([KILN, "keys", "show", "default", "--state-dir", str(stack.state_dir)],
+                           capture_output=True, text=True, timeout=30, check=True).stdout
+    assert shown.strip() == stack.key
 
 
 def test_the_boot_self_check_is_on_status_beside_the_prediction(stack: Stack) -> None:
@@ -250,7 +277,7 @@ def test_overload_beyond_the_queue_gets_429_with_retry_after(stack: Stack) -> No
     body = {"model": "tiny-cpu", "prompt": "kiln", "max_tokens": 1500, "ignore_eos": True, "stream": True}
 
     def open_stream(_: int) -> requests.Response:
-        return requests.post(f"{stack.base}/v1/completions", headers=stack.auth(), json=body, stream=True, timeout=60)
+        return stack.http.post(f"{stack.base}/v1/completions", headers=stack.auth(), json=body, stream=True, timeout=60)
 
     # Frozen engines generate nothing, so all the streams stay in flight however fast the tiny model is;
     # vLLM still answers each with its headers.
@@ -268,17 +295,18 @@ def test_overload_beyond_the_queue_gets_429_with_retry_after(stack: Stack) -> No
             for r in held:
                 r.close()
     stack.wait_for("both instances routed again", lambda: len(stack.routed_urls()) == 2, 60, 0.5)
-    stack.wait_for("the front admitting again", lambda: requests.post(
+    stack.wait_for("the front admitting again", lambda: stack.http.post(
         f"{stack.base}/v1/completions", headers=stack.auth(), timeout=30,
         json={"model": "tiny-cpu", "prompt": "kiln", "max_tokens": 2}).status_code == 200, 30, every_s=0.5)
 
 
-def _stream_until(stop: threading.Event, url: str, headers: dict[str, str], outcomes: list[str]) -> None:
+def _stream_until(stop: threading.Event, stack: Stack, outcomes: list[str]) -> None:
     """One client streaming requests back to back; 'before-headers' is a request that failed without a response."""
     while not stop.is_set():
         got_headers = False
         try:
-            with requests.post(f"{url}/v1/chat/completions", headers=headers, stream=True, timeout=(5, 60), json={
+            with stack.http.post(f"{stack.base}/v1/chat/completions", headers=stack.auth(), stream=True,
+                                 timeout=(5, 60), json={
                     "model": "tiny-cpu", "messages": [{"role": "user", "content": "kiln"}], "max_tokens": 48,
                     "ignore_eos": True, "stream": True}) as r:
                 got_headers = True
@@ -296,7 +324,7 @@ def streaming_clients(stack: Stack, count: int) -> Iterator[list[str]]:
     """`count` clients streaming back to back until the block ends; yields their outcomes as they come."""
     stop = threading.Event()
     outcomes: list[str] = []
-    clients = [threading.Thread(target=_stream_until, args=(stop, stack.base, stack.auth(), outcomes))
+    clients = [threading.Thread(target=_stream_until, args=(stop, stack, outcomes))
                for _ in range(count)]
     for c in clients:
         c.start()
@@ -335,6 +363,40 @@ def test_kill_9_of_an_instance_under_16_streams(stack: Stack, capsys: pytest.Cap
     assert stack.instance("vllm-1")["restarts"] == 1
 
 
+def test_key_changes_apply_within_a_second_under_16_streams(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kiln keys add`, then `rotate`, while 16 clients stream over TLS: nothing restarts and no request fails."""
+    def keys(*args: str) -> dict[str, Any]:
+        out = subprocess.run([KILN, "keys", *args, "--state-dir", str(stack.state_dir), "--health", stack.health,
+                              "--json"], capture_output=True, text=True, timeout=120, check=True).stdout
+        return dict(json.loads(out))
+
+    def works(key: str) -> bool:
+        return stack.http.get(f"{stack.base}/v1/models", headers={"Authorization": f"Bearer {key}"},
+                              timeout=10).status_code == 200
+
+    pids = {m["name"]: m["pid"] for m in [*stack.status()["instances"], *stack.status()["services"]]}
+    added = keys("add", "ci")
+    assert added["applied"] and works(added["key"])
+    with streaming_clients(stack, 16) as outcomes:
+        time.sleep(4)
+        started = time.monotonic()
+        rotated = keys("rotate", "ci")
+        command_s = time.monotonic() - started
+        applied = rotated["applied_s"]
+        assert rotated["applied"] and works(rotated["key"]) and not works(added["key"])
+        time.sleep(4)
+    failed = [o for o in outcomes if o != "ok"]
+    report(capsys, f"key rotation under 16 TLS streams: applied {applied:.2f} s after the signal (the command "
+                   f"took {command_s:.1f} s, Python's start on a loaded machine included); "
+                   f"{len(outcomes)} streams, {outcomes.count('ok')} complete, {len(failed)} failed")
+    assert not failed, failed
+    assert applied < 1.5  # the agent acts within 0.2 s; the rest is a loaded machine's scheduling
+    assert pids == {m["name"]: m["pid"] for m in [*stack.status()["instances"], *stack.status()["services"]]}
+    assert [k["name"] for k in keys("list")["keys"]] == ["ci", "default"]
+    revoked = keys("revoke", "ci")
+    assert revoked["applied"] and not works(rotated["key"])
+
+
 def test_metrics_report_the_rate_and_the_cost(stack: Stack) -> None:
     with streaming_clients(stack, 8):
         time.sleep(12)  # two meter samples (every 5 s) with tokens between them
@@ -349,6 +411,10 @@ def test_metrics_report_the_rate_and_the_cost(stack: Stack) -> None:
     assert any(s.name == "vllm:generation_tokens_total" and s.labels.get("kiln_instance") == "vllm-0" and s.value
                for s in samples)
     assert any(s.name.startswith("vllm_router_") for s in samples)
+    # Per key name, counted inside each vLLM server (the streams asked for no usage; kiln asked vLLM for it).
+    keyed = {s.name: s for s in samples if s.labels.get("key") == "default" and s.labels.get("kiln_instance")}
+    assert keyed["kiln_key_requests_total"].value > 0 and keyed["kiln_key_generation_tokens_total"].value > 0
+    assert not any(stack.key in str(s.labels) for s in samples)
 
 
 def test_a_hung_instance_leaves_routing(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
@@ -358,7 +424,7 @@ def test_a_hung_instance_leaves_routing(stack: Stack, capsys: pytest.CaptureFixt
     try:
         left = stack.wait_for("a hung instance leaving routing", lambda: victim_url not in stack.routed_urls(), 30)
         assert stack.instance("vllm-0")["state"] == "unresponsive"
-        reply = requests.post(f"{stack.base}/v1/completions", headers=stack.auth(), timeout=30, json={
+        reply = stack.http.post(f"{stack.base}/v1/completions", headers=stack.auth(), timeout=30, json={
             "model": "tiny-cpu", "prompt": "kiln", "max_tokens": 4})
         assert reply.status_code == 200  # served by the other instance
         ready = requests.get(f"{stack.health}/ready", timeout=5)
@@ -368,6 +434,35 @@ def test_a_hung_instance_leaves_routing(stack: Stack, capsys: pytest.CaptureFixt
     back = stack.wait_for("the instance back", lambda: victim_url in stack.routed_urls(), 30)
     report(capsys, f"SIGSTOP: out of routing after {left:.2f} s; after SIGCONT back in {back:.2f} s")
     assert stack.instance("vllm-0")["restarts"] == 0
+
+
+def test_a_rolling_change_of_2_instances_under_16_streams(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new plan through `kiln reload`: one instance at a time leaves routing, drains, restarts with the new plan
+    and comes back, while 16 clients stream over TLS; none of their requests fails."""
+    assert stack.status()["plan"]["max_model_len"] == 2048
+    (stack.state_dir / "kiln.yaml").write_text("max_model_len: 1024\n")
+    with streaming_clients(stack, 16) as outcomes:
+        time.sleep(3)
+        reload = subprocess.run([KILN, "reload", "--state-dir", str(stack.state_dir), "--health", stack.health,
+                                 "--json"], capture_output=True, text=True, timeout=30, check=True)
+        assert "plan" in json.loads(reload.stdout)["reload"]["changed"], reload.stdout
+        took = stack.wait_for("the rolling change", lambda: (stack.status()["reload"]["rolling"] or {}).get(
+            "state") not in (None, "running"), ROLLING_TIMEOUT_S, every_s=1)
+        served_during = len(outcomes)
+        time.sleep(3)
+    rolling = stack.status()["reload"]["rolling"]
+    failed = [o for o in outcomes if o != "ok"]
+    report(capsys, f"rolling change of 2 instances under 16 TLS streams: {took:.0f} s; {len(outcomes)} streams "
+                   f"({served_during} during the change), {outcomes.count('ok')} complete, {len(failed)} failed")
+    assert rolling["state"] == "done", rolling
+    assert not failed, failed
+    status = stack.status()
+    assert status["plan"]["max_model_len"] == 1024
+    assert [(i["name"], i["state"], i["routed"]) for i in status["instances"]] == [
+        ("vllm-0", "ready", True), ("vllm-1", "ready", True)]
+    for instance in status["instances"]:
+        argv = psutil.Process(instance["pid"]).cmdline()
+        assert argv[argv.index("--max-model-len") + 1] == "1024"
 
 
 def test_ctrl_c_stops_everything(stack: Stack) -> None:

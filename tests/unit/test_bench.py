@@ -13,7 +13,9 @@ from kiln.bench.report import write_sweep
 from kiln.bench.sweep import Slo, SweepSpec, ratios, summarize
 from kiln.cli.bench import price
 from kiln.errors import ConfigError
-from kiln.serve.selfcheck import judge, predicted
+from kiln.perf.predict import Forecast
+from kiln.perf.workload import WorkloadSpec, resolve
+from kiln.serve.selfcheck import SelfCheckSettings, judge, predicted
 
 RAW: dict[str, Any] = {
     "output_throughput": 2000.0, "request_throughput": 7.8125, "request_goodput": 7.5, "completed": 64,
@@ -80,11 +82,22 @@ def test_the_report_files(tmp_path: Path) -> None:
 
 
 def test_the_self_check_judges_gpu_shortfalls_only() -> None:
-    plan = {"predicted": {"decode_tokens_per_s_per_seq": 100.0}}
-    expected = predicted(plan, 4)
-    assert expected == {"tpot_ms": 10.0, "output_tokens_per_s": 400.0}
+    forecast = Forecast("kiln", 400.0, 800.0, 2.0, 100.0, {"p50": 20.0, "p90": 30.0, "p99": 40.0},
+                        {"p50": 10.0, "p90": 12.0}, {"p50": 10.0})
+    expected = predicted(forecast)
+    assert expected == {"tpot_ms": 10.0, "ttft_ms": 20.0, "output_tokens_per_s": 400.0}
     slow = summarize(4, {**RAW, "output_throughput": 100.0}, None)
     degraded, why = judge(slow, expected, "cuda", 0.4)
     assert degraded and "25% of the prediction" in why
     assert not judge(summarize(4, {**RAW, "output_throughput": 300.0}, None), expected, "cuda", 0.4)[0]
     assert judge(slow, expected, "cpu", 0.4) == (False, why.split("; below")[0] + "; not judged on the CPU backend")
+
+
+def test_the_self_check_takes_the_workloads_shape_capped() -> None:
+    base = SelfCheckSettings()
+    agent = base.shaped(resolve(WorkloadSpec(preset="agent")))
+    assert (agent.input_len, agent.output_len, agent.concurrency) == (4096, 128, base.concurrency)
+    chat = base.shaped(resolve(WorkloadSpec(preset="chat")))
+    assert (chat.input_len, chat.output_len) == (230, 128)
+    assert base.shaped(None) == base
+    assert chat.workload().concurrency == base.concurrency and chat.workload().num_prompts == base.prompts

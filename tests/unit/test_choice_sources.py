@@ -85,6 +85,8 @@ def test_digitalocean_tags_override_user_data(tmp_path: Path, metadata_server: t
     assert resolved.choice.tensor_parallel_size == 2
     assert resolved.origins["objective"] == "droplet tags"
     assert resolved.origins["profile"].startswith("user-data")
+    # What the self-signed certificate names: the public addresses, not the anchor or the private one.
+    assert resolved.addresses == ("104.131.20.105", "2604:A880:0800:0010:0000:0000:017D:2001")
 
 
 def test_user_data_from_metadata_when_cloud_init_has_none(tmp_path: Path, metadata_server: tuple[str, dict]) -> None:

@@ -154,7 +154,7 @@ def _step(kiln: Kiln, hub: Hub, tmp_path: Path, machine: str) -> tuple[ModelStep
 
 def test_an_unreadable_speculator_turns_speculative_decoding_off(kiln: Kiln, hub: Hub, tmp_path: Path) -> None:
     step, runtime = _step(kiln, hub, tmp_path, "h100x1")
-    resolved = ResolvedChoice(Choice(profile="llama-3.1-8b-instruct", hf_token=GOOD))
+    resolved = ResolvedChoice(Choice(profile="llama-3.1-8b-instruct", objective="latency", hf_token=GOOD))
     first = decide(kiln, "h100x1", resolved, runtime)
     assert first.plan and first.plan.engine.speculative_config  # EAGLE-3 was planned
     decision, verdict = step.check(first, resolved)

@@ -63,22 +63,37 @@ def test_the_smoke_user_data_is_what_a_user_writes() -> None:
 
 
 def test_qemu_is_tcg_restricted_and_forwards_only_on_localhost() -> None:
-    fwd = smoke.Forwards(ssh=2222, public=2800, health=2890)
+    fwd = smoke.Forwards(ssh=2222, public=2443, health=2890, http=2080)
     argv = smoke.qemu_argv(Path("/w/o.qcow2"), Path("/w/seed.iso"), Path("/w/c.log"), Path("/w/q.sock"), fwd, 4096, 2)
     joined = " ".join(argv)
     assert "-accel tcg" in joined and "kvm" not in joined
     netdev = argv[argv.index("-netdev") + 1]
     assert "restrict=on" in netdev
     forwards = [part for part in netdev.split(",") if part.startswith("hostfwd=")]
-    assert forwards == ["hostfwd=tcp:127.0.0.1:2222-:22", "hostfwd=tcp:127.0.0.1:2800-:8000",
-                        "hostfwd=tcp:127.0.0.1:2890-:8090"]
+    assert forwards == ["hostfwd=tcp:127.0.0.1:2222-:22", "hostfwd=tcp:127.0.0.1:2443-:443",
+                        "hostfwd=tcp:127.0.0.1:2890-:8090", "hostfwd=tcp:127.0.0.1:2080-:80"]
+    assert "tap" not in joined
+    scanned = smoke.qemu_argv(Path("/w/o.qcow2"), Path("/w/seed.iso"), Path("/w/c.log"), Path("/w/q.sock"), fwd,
+                              4096, 2, scan=smoke.ScanLink("kscan1", "10.213.1.1", "10.213.1.2"))
+    assert "tap,id=net1,ifname=kscan1,script=no,downscript=no" in scanned
+    assert f"virtio-net-pci,netdev=net1,mac={smoke.SCAN_MAC}" in scanned
+
+
+def test_nmaps_grepable_output_gives_the_open_ports() -> None:
+    out = ("# Nmap 7.93 scan initiated as: nmap -Pn -n -sS -p- -oG - 10.213.1.2\n"
+           "Host: 10.213.1.2 ()\tStatus: Up\n"
+           "Host: 10.213.1.2 ()\tPorts: 22/open/tcp//ssh///, 80/open/tcp//http///, 443/open/tcp//https///, "
+           "8000/closed/tcp//http-alt///\tIgnored State: filtered (65531)\n"
+           "# Nmap done at Mon Nov 23 12:00:00 2026 -- 1 IP address (1 host up) scanned in 80.12 seconds\n")
+    assert smoke.parse_nmap_open(out) == [22, 80, 443]
 
 
 SS = """\
 udp   UNCONN 0      0            0.0.0.0:68         0.0.0.0:*    users:(("dhclient",pid=401,fd=7))
 udp   UNCONN 0      0          127.0.0.1:323        0.0.0.0:*    users:(("chronyd",pid=512,fd=5))
 tcp   LISTEN 0      128          0.0.0.0:22         0.0.0.0:*    users:(("sshd",pid=600,fd=3))
-tcp   LISTEN 0      4096         0.0.0.0:8000       0.0.0.0:*    users:(("nginx",pid=900,fd=6))
+tcp   LISTEN 0      4096         0.0.0.0:443        0.0.0.0:*    users:(("nginx",pid=900,fd=6))
+tcp   LISTEN 0      511          0.0.0.0:80         0.0.0.0:*    users:(("nginx",pid=900,fd=7))
 tcp   LISTEN 0      128        127.0.0.1:8090       0.0.0.0:*    users:(("kiln",pid=700,fd=9))
 tcp   LISTEN 0      128        127.0.0.1:8001       0.0.0.0:*    users:(("vllm-router",pid=800,fd=9))
 tcp   LISTEN 0      128        127.0.0.1:8002       0.0.0.0:*    users:(("vllm-router",pid=800,fd=10))
@@ -90,7 +105,7 @@ tcp   LISTEN 0      128             [::]:22            [::]:*    users:(("sshd",
 
 def test_ss_output_is_parsed_with_owners() -> None:
     listeners = smoke.parse_ss(SS)
-    assert len(listeners) == 10
+    assert len(listeners) == 11
     assert listeners[0] == smoke.Listener("udp", "0.0.0.0", 68, "dhclient")
     assert listeners[-1] == smoke.Listener("tcp", "::", 22, "sshd")
 
@@ -117,8 +132,9 @@ def _observed(**overrides: object) -> smoke.Observed:
         agent_status={"phase": "starting", "plan": {"profile": "tiny-cpu", "instances": [{"port": 8100}]},
                       "choice": {"values": {"profile": "tiny-cpu", "objective": "latency"},
                                  "origins": {"profile": "user-data (cloud-init)"}},
-                      "doctor": DOCTOR_HEALTHY},
+                      "doctor": DOCTOR_HEALTHY, "tls": {"mode": "self-signed", "sha256": "AB:CD"}},
         listeners=smoke.parse_ss(SS), public_unauthorized=401, health_from_outside="no answer (ReadTimeout)",
+        served_sha256="AB:CD", http_redirect="301 https://10.0.2.15/v1/models", nmap_open=[22, 80, 443],
         agent_dir_writable=False, instance_units={"kiln-vllm@vllm-0.service": "active 0"})
     for key, value in overrides.items():
         setattr(seen, key, value)
@@ -128,7 +144,7 @@ def _observed(**overrides: object) -> smoke.Observed:
 def test_a_healthy_boot_passes_every_check() -> None:
     checks = smoke.judge(_observed(), "tiny-cpu")
     assert [c.name for c in checks if not c.ok] == []
-    assert len(checks) == 10
+    assert len(checks) == 13
 
 
 def test_each_failure_is_reported_by_its_check() -> None:
@@ -139,7 +155,8 @@ def test_each_failure_is_reported_by_its_check() -> None:
     assert failed(_observed(cloud_init_status="status: error")) == ["cloud-init finished without errors"]
     assert failed(_observed(agent_status={"phase": "failed", "plan": {"profile": "tiny-cpu"}})) == [
         "the agent started at boot", "the agent serves the choice the user-data made",
-        "the boot pre-flight (kiln doctor) found nothing blocking", "only the documented ports listen"]
+        "the boot pre-flight (kiln doctor) found nothing blocking", "only the documented ports listen",
+        "the public endpoint serves TLS with the certificate the agent reports"]
     blocked = {"verdict": "blocked", "summary": "shared memory: /dev/shm is not mounted",
                "checks": [{"check": "shared memory", "status": "fail", "fix": "mount a larger /dev/shm"}]}
     seen = _observed()
@@ -149,6 +166,11 @@ def test_each_failure_is_reported_by_its_check() -> None:
     assert failed(_observed(), profile="qwen3-8b") == ["the agent serves the choice the user-data made"]
     assert failed(_observed(public_unauthorized=200)) == ["the public endpoint asks for the API key"]
     assert failed(_observed(health_from_outside="answered")) == ["the health endpoint is not reachable from outside"]
+    assert failed(_observed(served_sha256="EF:01")) == [
+        "the public endpoint serves TLS with the certificate the agent reports"]
+    assert failed(_observed(http_redirect="200 ")) == ["plain HTTP redirects to HTTPS"]
+    assert failed(_observed(nmap_open=[22, 80, 443, 8000])) == [
+        "an nmap scan through the firewall finds only 22, 80, 443 open"]
     assert failed(_observed(listeners=[])) == ["only the documented ports listen"]
     assert failed(_observed(unwritable_for_instances=["/var/lib/kiln/home"])) == [
         "the instances' user can write its state and caches"]

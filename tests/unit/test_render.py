@@ -108,3 +108,14 @@ def test_systemd_quoting() -> None:
     assert quote('{"a":1}') == '"{\\"a\\":1}"'
     assert quote("50%") == '"50%%"'
     assert quote("$HOME") == '"$$HOME"'
+
+
+@pytest.mark.parametrize(("machine", "profile"), [("h200x8", "deepseek-v3.2"), ("h100x8", "qwen3-30b-a3b"),
+                                                  ("h100x8", "gpt-oss-120b")])
+def test_data_and_expert_parallel_plans_parse_with_vllm(kiln: Kiln, machine: str, profile: str) -> None:
+    plan = make_plan(kiln.machine(machine), kiln.catalog().get(profile), Choice(expert_parallel=True), kiln.constants)
+    assert isinstance(plan, Plan), plan
+    (inst,) = render_instances(plan, Runtime())
+    args = parse(list(inst.argv))
+    assert args.data_parallel_size == 8 and args.enable_expert_parallel is True and args.tensor_parallel_size == 1
+    assert inst.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"

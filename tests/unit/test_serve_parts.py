@@ -7,10 +7,9 @@ import shutil
 import socket
 import stat
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -18,19 +17,21 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kiln import datafiles
 from kiln.choice.resolve import ResolvedChoice
-from kiln.choice.schema import Choice
+from kiln.choice.schema import Choice, NamedKey
 from kiln.errors import KilnError
 from kiln.render.vllm import Runtime
 from kiln.serve import metrics as prom
 from kiln.serve.agent import give_to_user, keep_for_root, share_with_group
-from kiln.serve.apikey import ensure_api_key, write_private
 from kiln.serve.cost import TokenMeter, hourly_price, usd_per_million_tokens
 from kiln.serve.decide import Decision, decide
+from kiln.serve.front import Front
 from kiln.serve.health import HealthServer
+from kiln.serve.keys import ApiKey, KeyStore
 from kiln.serve.layout import ServeLayout
 from kiln.serve.processes import LocalProcesses, ProcessSpec
 from kiln.serve.proxy import PUBLIC_PATHS, ProxySettings, nginx_argv, nginx_config
 from kiln.serve.router import RouterSettings, router_argv
+from kiln.serve.secretfiles import write_private
 from kiln.serve.state import AgentState
 from kiln.serve.systemd_units import SystemdUnits, Unit
 from kiln.wiring import Kiln
@@ -38,31 +39,50 @@ from kiln.wiring import Kiln
 NOBODY = 65534
 
 
-def test_api_key_is_generated_once_kept_private_and_overridable(tmp_path: Path) -> None:
-    path = tmp_path / "state" / "api_key"
-    key = ensure_api_key(path, None)
-    assert key.startswith("kiln-") and len(key) > 40
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert ensure_api_key(path, None) == key  # the next boot keeps it
-    assert ensure_api_key(path, "user-chosen-key-0123456789") == "user-chosen-key-0123456789"
-    assert path.read_text().strip() == "user-chosen-key-0123456789"
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+def _front(state: Path, **layout: Any) -> Front:
+    return Front(ServeLayout(state_dir=state, **layout), ProxySettings(max_in_flight=8))
 
 
-def test_nginx_accepts_the_rendered_front(tmp_path: Path) -> None:
+def test_the_default_key_is_generated_once_kept_private_and_overridable(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    keys = _front(state).load_keys(None, None)
+    key = keys.get("default")
+    assert key is not None and key.secret.startswith("kiln-") and len(key.secret) > 40
+    path = ServeLayout(state_dir=state).keys_file
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert _front(state).load_keys(None, None) == keys  # the next boot keeps it
+    given = _front(state).load_keys("user-chosen-key-0123456789", None).get("default")
+    assert given is not None and given.secret == "user-chosen-key-0123456789"  # user-data's api_key wins
+    assert "user-chosen-key-0123456789" in path.read_text() and stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_an_earlier_single_key_file_becomes_the_default_key(tmp_path: Path) -> None:
+    layout = ServeLayout(state_dir=tmp_path)
+    write_private(layout.api_key_file, "kiln-kept-from-an-earlier-boot-0123\n")
+    keys = _front(tmp_path).load_keys(None, None)
+    assert [(k.name, k.secret) for k in keys.keys] == [("default", "kiln-kept-from-an-earlier-boot-0123")]
+    assert not layout.api_key_file.exists()
+
+
+@pytest.mark.parametrize("tls", [True, False], ids=["tls", "plain"])
+def test_nginx_accepts_the_rendered_front(tmp_path: Path, tls: bool) -> None:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     if not Path(nginx).exists():
         pytest.skip("nginx is not installed (ci/setup.sh installs it)")
-    layout = ServeLayout(state_dir=tmp_path)
-    config = nginx_config(layout, ProxySettings(max_in_flight=64), "kiln-Abc_def-0123456789")
-    (layout.proxy_config.parent / "tmp").mkdir(parents=True)
-    layout.proxy_config.write_text(config)
-    argv = [*nginx_argv(nginx, layout)[:-2], "-t"]
+    front = _front(tmp_path, http_port=_free_port())
+    front.load_keys("kiln-Abc_def-0123456789", {"ci": NamedKey(key="kiln-ci-key-0123456789", requests_per_minute=60)})
+    front.choose_tls("self-signed" if tls else "off", ["127.0.0.1"])
+    front.write_config()
+    config = front.layout.proxy_config.read_text()
+    argv = [*nginx_argv(nginx, front.layout)[:-2], "-t"]
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
-    assert '"Bearer kiln-Abc_def-0123456789" 1;' in config
-    assert "limit_conn kiln_in_flight 64;" in config
+    assert '"Bearer kiln-Abc_def-0123456789" default;' in config and '"Bearer kiln-ci-key-0123456789" ci;' in config
+    assert "rate=60r/m" in config
+    assert "limit_conn kiln_in_flight 8;" in config
     assert all(p.removeprefix("/v1/") in config for p in PUBLIC_PATHS)
+    assert ("ssl_protocols TLSv1.2 TLSv1.3;" in config) is tls
+    assert stat.S_IMODE(front.layout.proxy_config.stat().st_mode) == 0o600
 
 
 def _free_port() -> int:
@@ -77,11 +97,12 @@ def test_the_public_health_check_answers_a_load_balancer_without_a_key(tmp_path:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     if not Path(nginx).exists():
         pytest.skip("nginx is not installed (ci/setup.sh installs it)")
-    layout = ServeLayout(state_dir=tmp_path, public_host="127.0.0.1", public_port=_free_port(),
+    layout = ServeLayout(state_dir=tmp_path, public_host="127.0.0.1", public_port=_free_port(), http_port=None,
                          health_port=_free_port())
-    state = AgentState(endpoint="", health="", api_key_file="")
+    state = AgentState(endpoint="", health="", keys_file="")
     (layout.proxy_config.parent / "tmp").mkdir(parents=True)
-    layout.proxy_config.write_text(nginx_config(layout, ProxySettings(max_in_flight=8), "kiln-key-0123456789"))
+    keys = KeyStore((ApiKey("default", "kiln-key-0123456789"),))
+    layout.proxy_config.write_text(nginx_config(layout, ProxySettings(max_in_flight=8), keys, None))
     front = subprocess.Popen(list(nginx_argv(nginx, layout)), stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{layout.public_port}"
     try:
@@ -115,7 +136,7 @@ def test_the_public_health_check_answers_a_load_balancer_without_a_key(tmp_path:
 @pytest.mark.parametrize("key", ["", "has space", "quote'd", "semi;colon", "dollar$var", "brace{"])
 def test_keys_nginx_cannot_hold_literally_are_refused(key: str) -> None:
     with pytest.raises(ValueError):
-        nginx_config(ServeLayout(), ProxySettings(max_in_flight=8), key)
+        nginx_config(ServeLayout(), ProxySettings(max_in_flight=8), KeyStore((ApiKey("default", key),)), None)
 
 
 def test_router_listens_on_localhost_with_a_short_health_check() -> None:
@@ -154,7 +175,7 @@ def test_instance_metrics_merge_into_one_valid_exposition() -> None:
     two = one.replace("40.0", "2.0")
     assert prom.generation_tokens(one) == 40
     families = prom.merge_labelled({"vllm-0": one, "vllm-1": two}, "kiln_instance")
-    state = AgentState(endpoint="http://h:8000", health="http://127.0.0.1:8090", api_key_file="/k")
+    state = AgentState(endpoint="http://h:8000", health="http://127.0.0.1:8090", keys_file="/k")
     families += prom.kiln_families(state.status(with_telemetry=False), [
         {"index": 0, "utilization_percent": 87, "memory_used_bytes": 2**30, "temperature_c": 61, "power_w": 512.5}])
     text = prom.exposition(families).decode()
@@ -241,15 +262,6 @@ def _as_nobody() -> None:
     os.setuid(NOBODY)
 
 
-@pytest.fixture
-def traversable_tmp() -> Iterator[Path]:
-    """A temporary folder another user can pass through (pytest's own are root-only all the way up)."""
-    path = Path(tempfile.mkdtemp(prefix="kiln-links-"))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path)
-
-
 def test_the_state_folder_is_roots_and_the_instances_user_cannot_plant_in_it(traversable_tmp: Path) -> None:
     """On the image the agent takes its folder back from whoever owns it, and then the instances' user can plant
     nothing there; a folder swapped for a link is refused, with the fix."""
@@ -289,13 +301,13 @@ def test_links_the_instances_user_plants_are_refused(traversable_tmp: Path) -> N
     (state / "models").mkdir(parents=True)
     for path in (state, state / "models"):
         os.chown(path, NOBODY, NOBODY)
-    for link in (state / "api_key", state / "models" / "config.json"):
+    for link in (state / "keys.json", state / "models" / "config.json"):
         subprocess.run(["ln", "-s", str(secret), str(link)], check=True, preexec_fn=_as_nobody)
         assert link.is_symlink() and link.lstat().st_uid == NOBODY
 
-    key = ensure_api_key(state / "api_key", None)
-    assert key.startswith("kiln-") and "secret" not in key
-    assert not (state / "api_key").is_symlink() and stat.S_IMODE((state / "api_key").stat().st_mode) == 0o600
+    key = _front(state).load_keys(None, None).get("default")
+    assert key is not None and key.secret.startswith("kiln-") and "secret" not in key.secret
+    assert not (state / "keys.json").is_symlink() and stat.S_IMODE((state / "keys.json").stat().st_mode) == 0o600
     give_to_user("nobody", state, [state / "models"])
     assert secret.stat().st_uid == 0 and secret.read_text() == "root's secret\n"
     assert (state / "models" / "config.json").lstat().st_uid == NOBODY

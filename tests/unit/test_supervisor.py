@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -155,3 +156,49 @@ def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
     sup.stop()
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
     assert all(m.state == "stopped" for m in members)
+
+
+def test_a_rolling_change_keeps_one_instance_routed_throughout(
+        supervised: tuple[Supervisor, RecordedRouting], tmp_path: Path) -> None:
+    """Each old instance leaves routing and is drained before it stops; its successor is routed before the next
+    old one leaves. A watcher samples the routed workers all along: never none. The new instances outlive the
+    thread that asked for them."""
+    sup, routing = supervised
+    wait_until(lambda: len(routing.workers) == 2)
+    old = list(sup.instances)
+    new = [server(tmp_path, "a2"), server(tmp_path, "b2")]
+    drained: list[tuple[str, bool, list[str]]] = []
+    routed_counts: list[int] = []
+
+    def drain(member: Member) -> None:
+        drained.append((member.name, member.routed, list(routing.workers)))
+
+    stop = False
+
+    def watch() -> None:
+        while not stop:
+            routed_counts.append(len(routing.workers))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    result: list[str | None] = []
+    rollout = threading.Thread(target=lambda: result.append(sup.roll(new, drain, ready_timeout_s=15)))
+    try:
+        rollout.start()  # from a thread that then ends, as the agent's rollout does
+        rollout.join(timeout=30)
+    finally:
+        stop = True
+        watcher.join()
+    assert result == [None]
+    pids = [m.running.pid for m in sup.instances if m.running]
+    time.sleep(1)  # a child tied to the ended thread (PR_SET_PDEATHSIG) would have been killed and restarted
+    assert [m.running.pid for m in sup.instances if m.running] == pids and len(pids) == 2
+    assert [m.restarts for m in sup.instances] == [0, 0]
+    assert [m.name for m in sup.instances] == ["a2", "b2"]
+    assert all(m.state == READY and m.routed for m in sup.instances)
+    assert sorted(routing.workers) == sorted(m.route_url for m in new)
+    assert [(name, routed) for name, routed, _ in drained] == [("a", False), ("b", False)]
+    assert drained[1][2] == [new[0].route_url]  # b drains once out of routing, with a2 serving already
+    assert min(routed_counts) >= 1
+    assert all(m.running is None and m.retiring for m in old)

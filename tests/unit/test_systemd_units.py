@@ -80,12 +80,18 @@ def test_every_service_is_hardened_and_started_through_kiln() -> None:
         assert exec_start.startswith(f"{KILN_BIN} agent "), where
         if name == "kiln-agent.service":
             assert exec_start == f"{KILN_BIN} agent run"
+            assert values(unit, "Service", "ExecReload") == ["/bin/kill -s HUP $MAINPID"]  # `kiln reload`
             assert values(unit, "Service", "Type") == ["notify"]
             assert values(unit, "Service", "NotifyAccess") == ["main"]
             assert not values(unit, "Service", "User")  # root: it drives systemctl
             continue
         assert exec_start.startswith(f"{KILN_BIN} agent exec "), where
-        assert values(unit, "Service", "User") == ["kiln"], where
+        if name == "kiln-proxy.service":  # a root master that may do nothing but bind, drop to www-data and chown
+            assert not values(unit, "Service", "User"), where
+            assert values(unit, "Service", "CapabilityBoundingSet") == [
+                "CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID CAP_CHOWN"], where
+        else:
+            assert values(unit, "Service", "User") == ["kiln"], where
         assert values(unit, "Service", "ProtectSystem") == ["strict"], where
         assert values(unit, "Service", "DevicePolicy") == ["closed"], where
         for key in ("ProtectHome", "ProtectKernelTunables", "ProtectKernelModules", "ProtectControlGroups",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ class Running:
     direct: str  # the first vLLM instance itself
     api_key: str | None
     health: str | None = None
+    certificate: str | None = None  # the self-signed certificate a client pins, when the endpoint serves TLS
 
 
 def _wait(check: Callable[[], bool], what: str, log: Path, timeout_s: float,
@@ -51,11 +53,13 @@ def _wait(check: Callable[[], bool], what: str, log: Path, timeout_s: float,
 
 @contextlib.contextmanager
 def kiln_up(state: Path, profile: str, ports: Ports = Ports(), instances: int | None = None,
-            policy: str | None = None, timeout_s: float = 900) -> Iterator[Running]:
-    """kiln's plan for this machine, served by `kiln up` behind its public endpoint."""
+            policy: str | None = None, timeout_s: float = 900, tls: bool = False) -> Iterator[Running]:
+    """kiln's plan for this machine, served by `kiln up` behind its public endpoint (plain HTTP unless `tls`: the
+    comparisons with vanilla vLLM leave TLS out, and benchmarks.endpoint_overhead measures it)."""
     argv = [str(Path(sys.executable).parent / "kiln"), "up", "--profile", profile, "--state-dir", str(state),
             "--port", str(ports.public), "--health-port", str(ports.health), "--router-port", str(ports.router),
-            "--router-metrics-port", str(ports.router_metrics), "--no-self-check"]  # nothing else may load it
+            "--router-metrics-port", str(ports.router_metrics), "--no-self-check",  # nothing else may load it
+            "--tls", "self-signed" if tls else "off"]
     argv += ["--instances", str(instances)] if instances else []
     argv += ["--router-policy", policy] if policy else []
     log = state / "kiln-up.log"
@@ -67,8 +71,10 @@ def kiln_up(state: Path, profile: str, ports: Ports = Ports(), instances: int | 
         _wait(lambda: requests.get(f"{health}/status", timeout=2).json()["phase"] == "ready", "kiln up", log,
               timeout_s, proc)
         status = requests.get(f"{health}/status", timeout=5).json()
-        yield Running(f"http://127.0.0.1:{ports.public}", f"http://127.0.0.1:{status['instances'][0]['port']}",
-                      (state / "api_key").read_text().strip(), health)
+        keys = json.loads((state / "keys.json").read_text(encoding="utf-8"))["keys"]
+        yield Running(f"http{'s' if tls else ''}://127.0.0.1:{ports.public}",
+                      f"http://127.0.0.1:{status['instances'][0]['port']}", keys[0]["key"], health,
+                      str(state / "tls" / "self-signed.crt") if tls else None)
     finally:
         proc.send_signal(signal.SIGINT)
         try:

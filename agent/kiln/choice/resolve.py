@@ -9,6 +9,7 @@ layer) while it still holds exactly what user-data's write_files put there.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ class ResolvedChoice:
     choice: Choice
     origins: Mapping[str, str] = field(default_factory=dict)  # field -> source
     problems: tuple[Problem, ...] = ()
+    addresses: tuple[str, ...] = ()  # the machine's public addresses as its metadata gives them (for TLS)
 
     def summary(self) -> str:
         if not self.origins:
@@ -102,4 +104,4 @@ def merge(layers: Sequence[Layer], read_problems: Sequence[Problem] = ()) -> Res
 
 
 def resolve_choice(raw: RawInputs) -> ResolvedChoice:
-    return merge(layers_from_inputs(raw), raw.problems)
+    return dataclasses.replace(merge(layers_from_inputs(raw), raw.problems), addresses=raw.addresses)

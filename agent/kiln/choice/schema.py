@@ -3,15 +3,55 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kiln.perf.workload import WorkloadSpec
 
 Objective = Literal["throughput", "latency"]
 Quantization = Literal["auto", "bf16", "fp8", "nvfp4", "mxfp4"]
 KvCacheDtype = Literal["auto", "fp8"]
+
+
+KEY_NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+KEY_SECRET = r"^[A-Za-z0-9._~+\-]+$"
+HOST_NAME = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$"
+
+
+class NamedKey(BaseModel):
+    """One of `api_keys`: the key, and optionally a rate limit for it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str = Field(min_length=16, max_length=256, pattern=KEY_SECRET)
+    requests_per_minute: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+class TlsCertificate(BaseModel):
+    """The user's own certificate (the leaf first, then its chain) and unencrypted private key, as PEM."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    certificate: str = Field(min_length=64, max_length=65536)
+    private_key: str = Field(min_length=64, max_length=16384)
+
+
+class TlsAcme(BaseModel):
+    """A certificate from an ACME CA (Let's Encrypt by default) for a name that resolves to this machine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    domain: str = Field(max_length=253, pattern=HOST_NAME)
+    email: str | None = Field(default=None, max_length=254, pattern=r"^[^@\s]+@[^@\s]+$")
+    directory: str = Field(default="https://acme-v02.api.letsencrypt.org/directory", pattern=r"^https://\S+$")
+    renew_before_days: int = Field(default=30, ge=1, le=3650)
+
+
+TlsSetting = Literal["off", "self-signed"] | TlsCertificate | TlsAcme
 
 
 class Choice(BaseModel):
@@ -25,6 +65,8 @@ class Choice(BaseModel):
     max_model_len: int | None = Field(default=None, ge=256, le=10_000_000)
     instances: int | None = Field(default=None, ge=1, le=64)
     tensor_parallel_size: int | None = Field(default=None, ge=1, le=64)
+    data_parallel_size: int | None = Field(default=None, ge=1, le=64)
+    expert_parallel: bool | None = None
     quantization: Quantization | None = None
     kv_cache_dtype: KvCacheDtype | None = None
     speculative_decoding: bool | None = None
@@ -32,11 +74,53 @@ class Choice(BaseModel):
     api_key: str | None = Field(default=None, min_length=16, max_length=256, pattern=r"^[A-Za-z0-9._~+\-]+$")
     hf_token: str | None = Field(default=None, min_length=8, max_length=256, pattern=r"^[A-Za-z0-9_\-]+$")
     price_per_hour: float | None = Field(default=None, ge=0, le=10_000)
+    api_keys: dict[str, NamedKey] | None = Field(default=None, max_length=256)
+    tls: TlsSetting | None = None
+    workload: WorkloadSpec | None = None
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _named_keys(cls, value: Any) -> Any:
+        """`name: KEY` is short for `name: {key: KEY}`; names are lowercase words."""
+        if not isinstance(value, Mapping):
+            return value
+        out: dict[str, Any] = {}
+        for name, spec in value.items():
+            text = str(name)
+            if not re.match(KEY_NAME, text):
+                raise ValueError(f"key name {text[:40]!r} must be 1 to 32 lowercase letters, digits, - or _")
+            out[text] = {"key": spec} if isinstance(spec, str) else spec
+        return out
+
+    @field_validator("tls", mode="before")
+    @classmethod
+    def _tls_switch(cls, value: Any) -> Any:
+        """YAML reads `tls: off` as false and `tls: on` as true."""
+        if value is False:
+            return "off"
+        if value is True:
+            return "self-signed"
+        return value
+
+    @field_validator("workload", mode="before")
+    @classmethod
+    def _workload_preset(cls, value: Any) -> Any:
+        """`workload: chat` names a preset."""
+        return {"preset": value} if isinstance(value, str) else value
+
+
+def tls_summary(tls: TlsSetting | None) -> str:
+    """The TLS setting without its secrets: what reports show."""
+    if isinstance(tls, TlsCertificate):
+        return "certificate (given)"
+    if isinstance(tls, TlsAcme):
+        return f"acme ({tls.domain})"
+    return tls or "self-signed"
 
 
 FIELDS = tuple(Choice.model_fields)
 # Never shown: not in problems, reports, the journal or the MOTD; only whether they are set.
-SECRET_FIELDS = frozenset({"api_key", "hf_token"})
+SECRET_FIELDS = frozenset({"api_key", "hf_token", "api_keys", "tls"})
 HINTS: dict[str, str] = {
     "profile": "a profile name from `kiln profiles list`, e.g. llama-3.1-8b-instruct",
     "model": "an absolute path to a local model directory holding config.json",
@@ -51,6 +135,13 @@ HINTS: dict[str, str] = {
     "api_key": "16 to 256 characters of letters, digits and ._~+-",
     "hf_token": "a Hugging Face access token (hf_...) from https://huggingface.co/settings/tokens",
     "price_per_hour": "the machine's USD price per hour, e.g. 3.39",
+    "api_keys": "a mapping of key names to keys, e.g. `api_keys: {ci: KEY}` or `{ci: {key: KEY, "
+                "requests_per_minute: 60}}`",
+    "tls": "off, self-signed, {certificate: PEM, private_key: PEM} or {domain: NAME, email: ADDRESS}",
+    "data_parallel_size": "a number of data-parallel engine ranks in one server, e.g. 8",
+    "expert_parallel": "true or false (MoE models: spread the experts over every GPU of the server)",
+    "workload": "a preset (batch, chat, rag, agent) and/or {input_len, output_len, concurrency or request_rate, "
+                "ttft_ms, tpot_ms}, e.g. `workload: {preset: chat, concurrency: 32}`",
 }
 
 

@@ -42,6 +42,24 @@ class RawInputs:
     hf_token_file: str | None = None  # /etc/kiln/hf_token, for a token put on the machine by hand
     platform: str = ""
     problems: tuple[Problem, ...] = ()
+    addresses: tuple[str, ...] = ()  # the droplet's public and reserved addresses, from the metadata
+
+
+def public_addresses(metadata: dict[str, Any]) -> tuple[str, ...]:
+    """DigitalOcean metadata's public IPv4/IPv6 and reserved IP: what clients reach the droplet at."""
+    found: list[str] = []
+    interfaces = metadata.get("interfaces")
+    public = interfaces.get("public") if isinstance(interfaces, dict) else None
+    for iface in public if isinstance(public, list) else []:
+        for family in ("ipv4", "ipv6"):  # not anchor_ipv4, which only a reserved IP's traffic arrives on
+            entry = iface.get(family) if isinstance(iface, dict) else None
+            if isinstance(entry, dict) and isinstance(entry.get("ip_address"), str):
+                found.append(entry["ip_address"])
+    reserved = metadata.get("reserved_ip") or metadata.get("floating_ip")
+    v4 = reserved.get("ipv4") if isinstance(reserved, dict) else None
+    if isinstance(v4, dict) and v4.get("active") and isinstance(v4.get("ip_address"), str):
+        found.append(v4["ip_address"])
+    return tuple(dict.fromkeys(found))
 
 
 @dataclass
@@ -121,11 +139,13 @@ class SourceReader:
         platform = self.platform(instance)
         user_data, origin = self.cloud_init_user_data()
         tags: tuple[str, ...] | None = None
+        addresses: tuple[str, ...] = ()
         if platform == "digitalocean" or self.on_digitalocean():
             metadata = self.digitalocean_metadata()
             if metadata is not None:
                 raw_tags = metadata.get("tags")
                 tags = tuple(str(t) for t in raw_tags) if isinstance(raw_tags, list) else ()
+                addresses = public_addresses(metadata)
                 if user_data is None and isinstance(metadata.get("user_data"), str):
                     user_data, origin = metadata["user_data"].encode(), "digitalocean metadata"
         local = self._read("/etc/kiln/kiln.yaml")
@@ -138,4 +158,5 @@ class SourceReader:
             hf_token_file=None if token is None else token.decode("utf-8", errors="replace").strip(),
             platform=platform,
             problems=tuple(self.problems),
+            addresses=addresses,
         )

@@ -16,6 +16,10 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice
 from kiln.cli.output import print_json, table
 from kiln.errors import ConfigError, KilnError
+from kiln.perf.predict import forecast, kiln_steps
+from kiln.perf.workload import Workload
+from kiln.planner.plan import make_plan
+from kiln.planner.types import Refusal
 from kiln.render.vllm import MODULE_VLLM, Runtime, find_vllm_python
 from kiln.serve.decide import decide
 from kiln.wiring import Kiln
@@ -53,6 +57,10 @@ def add_parsers(sub: Any) -> None:
     bench = sub.add_parser("bench", help="measure an endpoint: TTFT/TPOT/throughput per concurrency, and cost")
     bench.add_argument("--url", help="the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000")
     bench.add_argument("--api-key", help="the endpoint's key (`kiln status` shows it)")
+    bench.add_argument("--predict", metavar="PROFILE",
+                       help="print kiln's prediction beside each level: the plan for PROFILE on --machine's "
+                            "fixture (the CPU profile: this machine)")
+    bench.add_argument("--predict-instances", type=int, help="the instances the predicted plan serves with")
     _add_sweep(bench)
     modes = bench.add_subparsers(dest="mode")
     compare = modes.add_parser("compare", help="kiln's plan against vanilla vLLM on this machine, side by side")
@@ -116,6 +124,8 @@ def cmd_bench(kiln: Kiln, args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     client = VllmBench(args.vllm_python or find_vllm_python(), args.out / "vllm-bench.log")
     levels = _sweep(target, spec, client, usd, "kiln bench")
+    if args.predict:
+        _add_predictions(kiln, args, spec, levels)
     setup = {"label": "endpoint", "url": target.base_url, "model": target.model, "dataset": spec.dataset,
              "input_len": spec.input_len, "output_len": spec.output_len, "usd_per_hour": usd,
              "price_source": source, "slo": f"TTFT <= {spec.slo.ttft_ms:g} ms, TPOT <= {spec.slo.tpot_ms:g} ms"}
@@ -124,8 +134,40 @@ def cmd_bench(kiln: Kiln, args: argparse.Namespace) -> int:
         print_json(json.loads((args.out / "results.json").read_text()))
     else:
         print(report.markdown_table(levels))
+        if args.predict:
+            print("\n" + predicted_text(levels))
         print("\nwrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def _add_predictions(kiln: Kiln, args: argparse.Namespace, spec: SweepSpec, levels: list[dict[str, Any]]) -> None:
+    """Each level's prediction: the plan for the profile on this machine, its instances simulated at the level's
+    concurrency and prompts."""
+    profile = kiln.profile(args.predict, None)
+    machine = kiln.machine(None if profile.cpu_only else args.machine)  # the CPU profile runs here
+    plan = make_plan(machine, profile, Choice(instances=args.predict_instances), kiln.constants)
+    if isinstance(plan, Refusal):
+        raise KilnError(f"no prediction: {plan.reason}", fix="; ".join(plan.suggestions) or "drop --predict")
+    steps = kiln_steps(plan, machine, profile, kiln.constants)
+    for level in levels:
+        c = level["concurrency"]
+        f = forecast(plan, Workload(spec.input_len, spec.output_len, concurrency=c, num_prompts=spec.prompts(c)),
+                     steps, kiln.constants)
+        level["predicted"] = {"engine": f.engine, "instances": len(plan.instances),
+                              "output_tokens_per_s": round(f.output_tokens_per_s, 1),
+                              "ttft_ms_p50": round(f.ttft_ms["p50"], 1), "tpot_ms_p50": round(f.tpot_ms["p50"], 2)}
+
+
+def predicted_text(levels: list[dict[str, Any]]) -> str:
+    rows = []
+    for level in levels:
+        p = level["predicted"]
+        rows.append([level["concurrency"],
+                     f"{level['output_tokens_per_s']:,.1f} vs {p['output_tokens_per_s']:,.1f} "
+                     f"({level['output_tokens_per_s'] / p['output_tokens_per_s']:.2f}x)",
+                     f"{level['ttft_ms']['p50']:,.1f} vs {p['ttft_ms_p50']:,.1f}",
+                     f"{level['tpot_ms']['p50']:,.2f} vs {p['tpot_ms_p50']:,.2f}"])
+    return table(["Concurrency", "Output tok/s: measured vs predicted", "TTFT p50 ms", "TPOT p50 ms"], rows)
 
 
 def cmd_compare(kiln: Kiln, args: argparse.Namespace) -> int:

@@ -15,16 +15,17 @@ import yaml
 
 from kiln import __version__
 from kiln.choice.resolve import resolve_choice
-from kiln.choice.schema import SECRET_FIELDS, Choice, validate_fields
+from kiln.choice.schema import SECRET_FIELDS
 from kiln.choice.select import select_profile
 from kiln.choice.sources import SourceReader
-from kiln.cli import bench, doctor, image, models, serving
+from kiln.cli import bench, doctor, image, keys, models, planargs, predict, serving
 from kiln.cli.output import print_json, table
 from kiln.cli.views import machine_dict, machine_text, plan_dict, plan_text, profile_row
 from kiln.errors import KilnError
 from kiln.hardware.fixtures import fixture_names
 from kiln.planner.plan import make_plan
-from kiln.planner.types import Refusal
+from kiln.planner.search import Choosing, choose
+from kiln.planner.types import Plan, Refusal
 from kiln.profiles.catalog import find_profile_dir, validate_paths
 from kiln.render.systemd import instance_dropin
 from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, Runtime, render_instances
@@ -61,18 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(val)
 
     plan = sub.add_parser("plan", help="plan vLLM serving for a profile on a machine")
-    plan.add_argument("--machine", help="a fixture name or a YAML/JSON machine file (default: this machine)")
-    which = plan.add_mutually_exclusive_group(required=True)
-    which.add_argument("--profile", help="a profile name (`kiln profiles list`)")
-    which.add_argument("--model", help="a local model directory with config.json")
-    plan.add_argument("--objective", choices=["throughput", "latency"])
-    plan.add_argument("--tp", type=int, dest="tensor_parallel_size", help="tensor-parallel size")
-    plan.add_argument("--instances", type=int)
-    plan.add_argument("--max-model-len", type=int)
-    plan.add_argument("--gpu-memory-utilization", type=float)
-    plan.add_argument("--kv-cache-dtype", choices=["auto", "fp8"])
-    plan.add_argument("--quantization", choices=["auto", "bf16", "fp8", "nvfp4", "mxfp4"])
-    plan.add_argument("--speculative", choices=["on", "off"], help="speculative decoding (default: kiln decides)")
+    planargs.add_target_options(plan)
+    planargs.add_setting_options(plan)
+    planargs.add_workload_options(plan)
+    plan.add_argument("--engine", choices=["auto", "kiln", "aiconfigurator"], default="auto",
+                      help="whose step times the workload's predictions use")
+    plan.add_argument("--plot", type=Path, metavar="FILE",
+                      help="with a workload: draw the setups' tok/s per GPU against tok/s per user as a PNG")
     plan.add_argument("--launcher", choices=["image", "module"], default="image",
                       help="vLLM command: the image's `vllm serve`, or `python -m` for a source checkout")
     plan.add_argument("--models-dir", default=Runtime.models_dir, help="where locally made models live")
@@ -87,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parsers(sub)
     image.add_parsers(sub)
     models.add_parsers(sub)
+    keys.add_parsers(sub)
+    predict.add_parsers(sub)
     return parser
 
 
@@ -151,24 +149,20 @@ def cmd_profiles(kiln: Kiln, args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_choice(args: argparse.Namespace) -> Choice:
-    given = {k: getattr(args, k) for k in ("objective", "tensor_parallel_size", "instances", "max_model_len",
-                                           "gpu_memory_utilization", "kv_cache_dtype", "quantization")}
-    if args.speculative:
-        given["speculative_decoding"] = args.speculative == "on"
-    layer = validate_fields({k: v for k, v in given.items() if v is not None}, source="command line")
-    if layer.problems:
-        first = layer.problems[0]
-        raise KilnError(first.what, where=f"--{first.field.replace('_', '-')}", fix=first.fix)
-    return Choice(**layer.values)
-
-
 def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
     machine = kiln.machine(args.machine)
     profile = kiln.profile(args.profile, args.model)
-    choice = _plan_choice(args)
+    choice = planargs.plan_choice(args)
     alternatives = sorted(kiln.fixtures(), key=lambda m: sum(g.memory_bytes for g in m.gpus))
-    plan = make_plan(machine, profile, choice, kiln.constants, alternatives)
+    choosing = None
+    if planargs.workload_given(args) and not profile.cpu_only:
+        workload = planargs.workload_from(args)
+        found = choose(machine, profile, choice, workload, kiln.constants,
+                       predict.steps_for(kiln, args.engine, machine, profile), alternatives)
+        plan: Plan | Refusal = found.chosen.plan if isinstance(found, Choosing) else found
+        choosing = found if isinstance(found, Choosing) else None
+    else:
+        plan = make_plan(machine, profile, choice, kiln.constants, alternatives)
     if isinstance(plan, Refusal):
         if args.json:
             print_json({"error": plan.reason, "suggestions": list(plan.suggestions)})
@@ -178,12 +172,22 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
     runtime = Runtime(vllm_command=launcher, models_dir=args.models_dir)
     local = bool(args.model) or profile.local_model
     rendered = render_instances(plan, runtime, local_model=local)
+    if choosing is not None and args.plot:
+        predict.plot_options(choosing, machine, args.plot)
     if args.systemd:
         print("\n".join(instance_dropin(r, profile=plan.profile) for r in rendered))
     elif args.json:
-        print_json(plan_dict(plan, rendered, machine))
+        data = plan_dict(plan, rendered, machine)
+        if choosing is not None:
+            data["workload"] = planargs.workload_from(args).as_dict()
+            data["predicted_for_workload"] = choosing.chosen.forecast.as_dict()
+            data["alternatives"] = [predict.option_dict(o) for o in choosing.alternatives]
+            data["workload_explanation"] = list(choosing.explanation)
+        print_json(data)
     else:
         print(plan_text(plan, rendered))
+        if choosing is not None:
+            print("\nFor the workload\n" + "\n".join(f"  - {line}" for line in choosing.explanation))
     return 0
 
 
@@ -211,7 +215,8 @@ def cmd_choice(kiln: Kiln, args: argparse.Namespace) -> int:
 
 COMMANDS = {"detect": cmd_detect, "profiles": cmd_profiles, "plan": cmd_plan, "choice": cmd_choice,
             "agent": serving.cmd_agent, "up": serving.cmd_up, "status": serving.cmd_status, "bench": bench.cmd_bench,
-            "image": image.cmd_image, "doctor": doctor.cmd_doctor, "models": models.cmd_models}
+            "image": image.cmd_image, "doctor": doctor.cmd_doctor, "models": models.cmd_models,
+            "keys": keys.cmd_keys, "reload": keys.cmd_reload, "predict": predict.cmd_predict}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

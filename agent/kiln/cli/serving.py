@@ -5,31 +5,46 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
 import psutil
 import requests
 
-from kiln.choice.resolve import ResolvedChoice, resolve_choice
-from kiln.choice.schema import Choice
+from kiln.choice.resolve import merge, resolve_choice
+from kiln.choice.schema import Choice, Layer, Problem, validate_fields
 from kiln.choice.sources import SourceReader
 from kiln.cli.output import print_json, table
 from kiln.errors import KilnError, NotFoundError
 from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, find_vllm_python
 from kiln.serve.agent import Agent, AgentOptions, configure_logging
-from kiln.serve.layout import HEALTH_PORT, PUBLIC_PORT, ROUTER_METRICS_PORT, ROUTER_PORT, ServeLayout
+from kiln.serve.layout import (
+    HEALTH_PORT,
+    HTTP_PORT,
+    LOCAL_PORT,
+    PUBLIC_PORT,
+    ROUTER_METRICS_PORT,
+    ROUTER_PORT,
+    ServeLayout,
+)
 from kiln.serve.router import ROUTER_POLICIES, RouterSettings
 from kiln.serve.selfcheck import SelfCheckSettings
+from kiln.validation import YamlError, parse_yaml
 from kiln.wiring import Kiln
 
 EXIT_UNAVAILABLE = 2
+PROXY_USER = "www-data"  # nginx's workers on the image: Debian's web user, who can read none of kiln's secrets
 
 
-def _add_ports(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--state-dir", type=Path, help="plan, API key, logs and made models")
-    p.add_argument("--port", type=int, default=PUBLIC_PORT, help="the public OpenAI endpoint")
+def _add_ports(p: argparse.ArgumentParser, port: int, http_port: int | None) -> None:
+    p.add_argument("--state-dir", type=Path, help="plan, API keys, certificate, logs and made models")
+    p.add_argument("--port", type=int, default=port, help=f"the public OpenAI endpoint, HTTPS (default {port})")
+    p.add_argument("--http-port", type=int, default=http_port,
+                   help="plain HTTP: the ACME challenge and a redirect, or the API with TLS off"
+                        + (f" (default {http_port})" if http_port else " (default: none)"))
     p.add_argument("--health-port", type=int, default=HEALTH_PORT, help="the local health endpoint")
     p.add_argument("--router-port", type=int, default=ROUTER_PORT, help="vllm-router (localhost)")
     p.add_argument("--router-metrics-port", type=int, default=ROUTER_METRICS_PORT)
@@ -42,7 +57,7 @@ def add_parsers(sub: Any) -> None:
     agent = sub.add_parser("agent", help="the boot agent (run by kiln-agent.service on the image)")
     asub = agent.add_subparsers(dest="action", required=True)
     run = asub.add_parser("run", help="detect, plan, serve and supervise until stopped")
-    _add_ports(run)
+    _add_ports(run, PUBLIC_PORT, HTTP_PORT)
     run.add_argument("--root", type=Path, default=Path("/"), help="read the user's choice under this folder")
     run.add_argument("--public-host", default="0.0.0.0", help="address the public endpoint binds")
     run.add_argument("--motd", type=Path, default=Path("/run/motd.d/kiln"), help="where to show the endpoint")
@@ -55,11 +70,15 @@ def add_parsers(sub: Any) -> None:
     exe.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir)
 
     up = sub.add_parser("up", help="serve in the foreground on this machine (a laptop: the tiny CPU model)")
-    _add_ports(up)
+    _add_ports(up, LOCAL_PORT, None)
     up.add_argument("--profile", default="tiny-cpu", help="the profile to serve (default: tiny-cpu)")
     up.add_argument("--instances", type=int, help="vLLM instances (default: 2 for tiny-cpu)")
     up.add_argument("--host", default="127.0.0.1", help="address the public endpoint binds (default: localhost)")
     up.add_argument("--api-key", help="the endpoint's key (default: generated and kept in the state folder)")
+    up.add_argument("--tls", choices=["self-signed", "off"], default="self-signed",
+                    help="HTTPS with a certificate made for this machine (default), or plain HTTP")
+    up.add_argument("--config", type=Path, help="a settings file like /etc/kiln/kiln.yaml, over these options; "
+                                                "`kiln reload` re-reads it")
     up.add_argument("--price-per-hour", type=float, help="USD per hour, for the cost per million tokens")
     up.add_argument("--no-self-check", action="store_true", help="skip the short load test once the instances serve")
     up.add_argument("-v", "--verbose", action="store_true")
@@ -67,11 +86,13 @@ def add_parsers(sub: Any) -> None:
     status = sub.add_parser("status", help="what the agent serves, its health, and where the API key is")
     status.add_argument("--health", default=f"http://127.0.0.1:{HEALTH_PORT}", help="the health endpoint")
     status.add_argument("--json", action="store_true", help="print JSON for programs")
+    status.add_argument("--certificate", action="store_true",
+                        help="print the endpoint's certificate (PEM), for a client to pin")
 
 
 def _layout(args: argparse.Namespace, default_state: Path, public_host: str) -> ServeLayout:
     return ServeLayout(state_dir=(args.state_dir or default_state).expanduser().resolve(), public_host=public_host,
-                       public_port=args.port, router_port=args.router_port,
+                       public_port=args.port, http_port=args.http_port or None, router_port=args.router_port,
                        router_metrics_port=args.router_metrics_port, health_port=args.health_port)
 
 
@@ -84,12 +105,30 @@ def _primary_address() -> str:
     return "127.0.0.1"
 
 
+def _machine_names() -> tuple[str, ...]:
+    """What a client may reach this machine by: its addresses and host name, and localhost."""
+    names: list[str] = []
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family.name in ("AF_INET", "AF_INET6") and "%" not in a.address:
+                names.append(str(a.address))
+    host = socket.gethostname().lower()
+    if re.match(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$", host):
+        names.append(host)
+    return tuple(dict.fromkeys([*names, "localhost"]))
+
+
 def _serve(agent: Agent) -> int:
     def stop(_signum: int, _frame: object) -> None:
         agent.stop()
 
+    def reload(_signum: int, _frame: object) -> None:
+        agent.request_reload()
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, reload)
+    signal.signal(signal.SIGUSR1, lambda _signum, _frame: agent.request_renewal())
     return agent.run()
 
 
@@ -98,11 +137,23 @@ def cmd_agent(kiln: Kiln, args: argparse.Namespace) -> int:
         return exec_planned(args.state_dir, args.name)
     configure_logging(args.verbose)
     layout = _layout(args, ServeLayout().state_dir, args.public_host)
+    systemd = _use_systemd(args.launcher)
     options = AgentOptions(layout=layout, read_choice=lambda: resolve_choice(SourceReader(root=args.root).read()),
                            machine=args.machine, vllm_command=_agent_vllm(), advertised_host=_primary_address(),
-                           motd_file=args.motd, systemd=_use_systemd(args.launcher),
-                           router=RouterSettings(policy=args.router_policy), process_started=_process_started())
+                           motd_file=args.motd, systemd=systemd, proxy_user=PROXY_USER if systemd else None,
+                           router=RouterSettings(policy=args.router_policy), process_started=_process_started(),
+                           tls_names=_machine_names())
     return _serve(Agent(kiln, options))
+
+
+def _config_layer(path: Path | None) -> list[Layer]:
+    """The settings file of `kiln up --config`, read at start and at every reload; absent: nothing."""
+    if path is None or not path.exists():
+        return []
+    try:
+        return [validate_fields(parse_yaml(path.read_text(encoding="utf-8")), source=str(path))]
+    except (OSError, YamlError) as exc:
+        return [Layer(str(path), problems=(Problem(str(path), "", str(exc), "fix the file, then `kiln reload`"),))]
 
 
 def _process_started() -> float:
@@ -141,27 +192,23 @@ def cmd_up(kiln: Kiln, args: argparse.Namespace) -> int:
     layout = _layout(args, state_home / "kiln", args.host)
     instances = args.instances or (2 if args.profile == "tiny-cpu" else None)
     choice = Choice(profile=args.profile, instances=instances, api_key=args.api_key,
-                    price_per_hour=args.price_per_hour)
-    origins = {k: "command line" for k in choice.model_dump(exclude_none=True)}
-    options = AgentOptions(layout=layout, read_choice=lambda: ResolvedChoice(choice, origins),
+                    price_per_hour=args.price_per_hour, tls=args.tls)
+    given = Layer("command line", {k: getattr(choice, k) for k in choice.model_dump(exclude_none=True)})
+    options = AgentOptions(layout=layout, read_choice=lambda: merge([given, *_config_layer(args.config)]),
                            machine=args.machine, vllm_command=(find_vllm_python(), *MODULE_VLLM),
                            advertised_host=args.host if args.host != "0.0.0.0" else _primary_address(),
                            router=RouterSettings(policy=args.router_policy), process_started=_process_started(),
-                           self_check=None if args.no_self_check else SelfCheckSettings())
+                           self_check=None if args.no_self_check else SelfCheckSettings(),
+                           tls_names=("127.0.0.1", "localhost", *((args.host,) if args.host != "0.0.0.0" else
+                                                                  _machine_names())))
     agent = Agent(kiln, options)
     print(f"kiln up: {args.profile} on this machine; state in {layout.state_dir}")
-    print(f"  endpoint  {agent.state.endpoint}/v1   (OpenAI API; key: {layout.api_key_file})")
+    print(f"  endpoint  {layout.endpoint_url(options.advertised_host, args.tls != 'off')}/v1   (OpenAI API; "
+          f"keys: `kiln keys list --state-dir {layout.state_dir}`)")
     print(f"  health    {layout.health_url}/status   (`kiln status --health {layout.health_url}`)")
     print(f"  logs      {layout.log_dir}/")
     print("Ctrl-C stops everything.", flush=True)
     return _serve(agent)
-
-
-def _key_text(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8").strip()
-    except OSError:
-        return f"(in {path}; readable by its owner only)"
 
 
 def cmd_status(_kiln: Kiln, args: argparse.Namespace) -> int:
@@ -173,10 +220,17 @@ def cmd_status(_kiln: Kiln, args: argparse.Namespace) -> int:
     except requests.RequestException as exc:
         raise KilnError(f"no kiln agent answers at {base}: {exc.__class__.__name__}",
                         fix="start it: `systemctl start kiln-agent` on the image, or `kiln up` on a laptop") from exc
+    if args.certificate:
+        path = (status.get("tls") or {}).get("certificate")
+        if not path:
+            raise KilnError("the endpoint serves no certificate (TLS is off, or the agent has not started serving)",
+                            fix="see `kiln status`")
+        print(Path(path).read_text(encoding="utf-8"), end="")
+        return 0
     if args.json:
         print_json(status)
         return 0
-    print(status_text(status, _key_text(status.get("api_key_file", ""))))
+    print(status_text(status))
     return 0 if status.get("phase") in ("ready", "starting", "downloading", "degraded") else EXIT_UNAVAILABLE
 
 
@@ -206,10 +260,26 @@ def startup_lines(startup: dict[str, Any]) -> list[str]:
     return lines
 
 
-def status_text(s: dict[str, Any], key: str) -> str:
+def tls_line(tls: dict[str, Any]) -> str:
+    if tls.get("mode") == "off":
+        return "tls       off: plain HTTP (safe only behind a load balancer that terminates TLS)"
+    line = (f"tls       {tls.get('mode')}" + (f" for {tls['domain']}" if tls.get("domain") else "")
+            + f": {tls.get('certificate')}, SHA-256 {tls.get('sha256')}, until {str(tls.get('not_after'))[:10]}")
+    if tls.get("self_signed"):
+        line += " (pin it: `kiln status --certificate`)"
+    problem = tls.get("problem")
+    return line + (f"\n          problem: {problem['error']} (fix: {problem['fix']})" if problem else "")
+
+
+def status_text(s: dict[str, Any]) -> str:
     plan = s.get("plan") or {}
+    keys = ", ".join(k["name"] + (f" ({k['requests_per_minute']}/min)" if k.get("requests_per_minute") else "")
+                     for k in s.get("keys") or [])
     lines = [f"phase     {s.get('phase')}", f"endpoint  {s.get('endpoint')}/v1",
-             f"api key   {key}", f"key file  {s.get('api_key_file')}", f"health    {s.get('health')}"]
+             f"api keys  {keys or '(none yet)'}  (`sudo kiln keys show NAME` prints one)",
+             f"health    {s.get('health')}"]
+    if s.get("tls"):
+        lines.append(tls_line(s["tls"]))
     if plan:
         lines.append(f"serving   {plan.get('profile')} ({plan.get('quantization')}, "
                      f"TP{plan.get('tensor_parallel_size')} x {len(plan.get('instances', []))})")

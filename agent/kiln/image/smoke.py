@@ -34,8 +34,21 @@ OBJECTIVE = "latency"  # not the default (throughput), so the plan shows the use
 class Forwards:
     """Host ports on 127.0.0.1 forwarded into the guest."""
     ssh: int
-    public: int
+    public: int  # HTTPS
     health: int  # forwarded to prove the health port does not answer from outside the guest
+    http: int = 0  # plain HTTP: the ACME challenge and the redirect; 0: not forwarded
+
+
+SCAN_MAC = "52:54:00:6b:6c:6e"  # the second NIC, on a host TAP device, that nmap scans as the internet would
+
+
+@dataclass(frozen=True)
+class ScanLink:
+    """A TAP device on the host and the guest's address on it: a network path that passes the guest's firewall."""
+    tap: str
+    host: str
+    guest: str
+    prefix: int = 30
 
 
 def user_data(profile: str, ssh_public_key: str, price_per_hour: float = 0.0) -> str:
@@ -55,21 +68,37 @@ def meta_data(instance_id: str) -> str:
 
 
 def qemu_argv(overlay: Path, seed_iso: Path, console_log: Path, qmp_socket: Path, forwards: Forwards,
-              memory_mb: int, cpus: int, layout: ServeLayout = LAYOUT) -> list[str]:
+              memory_mb: int, cpus: int, layout: ServeLayout = LAYOUT, scan: ScanLink | None = None) -> list[str]:
     # TCG: KVM is not always there (nested, containers); restrict=on: the guest reaches nothing outside,
     # and only the forwards below, each on 127.0.0.1, reach it.
     fwd = (f"hostfwd=tcp:127.0.0.1:{forwards.ssh}-:{SSH_PORT},"
            f"hostfwd=tcp:127.0.0.1:{forwards.public}-:{layout.public_port},"
-           f"hostfwd=tcp:127.0.0.1:{forwards.health}-:{layout.health_port}")
+           f"hostfwd=tcp:127.0.0.1:{forwards.health}-:{layout.health_port}"
+           + (f",hostfwd=tcp:127.0.0.1:{forwards.http}-:{layout.http_port}" if forwards.http else ""))
+    tap = ["-netdev", f"tap,id=net1,ifname={scan.tap},script=no,downscript=no",
+           "-device", f"virtio-net-pci,netdev=net1,mac={SCAN_MAC}"] if scan else []
     return [
         "qemu-system-x86_64", "-machine", "q35", "-accel", "tcg,thread=multi", "-cpu", "max",
         "-smp", str(cpus), "-m", str(memory_mb), "-display", "none", "-vga", "none", "-monitor", "none",
         "-serial", f"file:{console_log}", "-qmp", f"unix:{qmp_socket},server=on,wait=off",
         "-drive", f"file={overlay},if=virtio,format=qcow2,discard=unmap",
         "-drive", f"file={seed_iso},if=virtio,format=raw,readonly=on",
-        "-netdev", f"user,id=net0,restrict=on,{fwd}", "-device", "virtio-net-pci,netdev=net0",
+        "-netdev", f"user,id=net0,restrict=on,{fwd}", "-device", "virtio-net-pci,netdev=net0", *tap,
         "-no-reboot",
     ]
+
+
+def parse_nmap_open(grepable: str) -> list[int]:
+    """Open TCP ports from nmap's grepable output (-oG -): `Ports: 22/open/tcp//ssh///, 80/open/tcp//http///`."""
+    ports: list[int] = []
+    for line in grepable.splitlines():
+        if "Ports:" not in line:
+            continue
+        for entry in line.split("Ports:", 1)[1].split("\t", 1)[0].split(","):
+            fields = entry.strip().split("/")
+            if len(fields) > 2 and fields[1] == "open" and fields[2] == "tcp":
+                ports.append(int(fields[0]))
+    return sorted(ports)
 
 
 @dataclass(frozen=True)
@@ -102,6 +131,11 @@ def _is_local(address: str) -> bool:
         return False
 
 
+def public_tcp(layout: ServeLayout = LAYOUT) -> set[int]:
+    """SSH, HTTPS and HTTP: all a machine answers on beyond localhost."""
+    return PUBLIC_TCP | {layout.public_port} | ({layout.http_port} if layout.http_port else set())
+
+
 def unexpected_listeners(listeners: list[Listener], instance_ports: set[int],
                          layout: ServeLayout = LAYOUT) -> list[Listener]:
     local_tcp = {layout.router_port, layout.router_metrics_port, layout.health_port, *instance_ports}
@@ -111,7 +145,7 @@ def unexpected_listeners(listeners: list[Listener], instance_ports: set[int],
             ok = (s.port in local_tcp or (s.port >= EPHEMERAL_FROM and s.process.startswith(("python", "VLLM")))
                   if s.proto == "tcp" else s.port in LOCAL_UDP)
         else:
-            ok = s.port in (PUBLIC_TCP | {layout.public_port}) if s.proto == "tcp" else s.port in PUBLIC_UDP
+            ok = s.port in public_tcp(layout) if s.proto == "tcp" else s.port in PUBLIC_UDP
         if not ok:
             bad.append(s)
     return bad
@@ -132,6 +166,10 @@ class Observed:
     agent_status: dict[str, Any] | None = None
     listeners: list[Listener] = field(default_factory=list)
     public_unauthorized: int | None = None  # HTTP status of the public endpoint without a key, from the host
+    served_sha256: str | None = None  # the certificate the public endpoint presented, from the host
+    http_redirect: str | None = None  # "301 https://..." from the plain-HTTP port, from the host
+    nmap_open: list[int] | None = None  # open TCP ports nmap found through the guest's firewall; None: not scanned
+    nmap_summary: str = ""
     health_from_outside: str = ""  # what the forwarded health port did from the host
     unwritable_for_instances: list[str] = field(default_factory=list)  # state folders the kiln user cannot write
     agent_dir_writable: bool | None = None  # whether the kiln user can write the agent's own folder
@@ -181,6 +219,16 @@ def judge(seen: Observed, profile: str, expect_baked: bool = False) -> list[Chec
                         ", ".join(f"{u}: {s}" for u, s in seen.instance_units.items()) or "no instance unit"))
     checks.append(Check("the public endpoint asks for the API key", seen.public_unauthorized == 401,
                         f"HTTP {seen.public_unauthorized} without a key"))
+    tls = status.get("tls") or {}
+    checks.append(Check("the public endpoint serves TLS with the certificate the agent reports",
+                        bool(seen.served_sha256) and seen.served_sha256 == tls.get("sha256"),
+                        f"served SHA-256 {seen.served_sha256}; reported {tls.get('mode')} {tls.get('sha256')}"))
+    checks.append(Check("plain HTTP redirects to HTTPS", (seen.http_redirect or "").startswith("301 https://"),
+                        seen.http_redirect or "no answer"))
+    if seen.nmap_open is not None:
+        expected = sorted(public_tcp())
+        checks.append(Check(f"an nmap scan through the firewall finds only {', '.join(map(str, expected))} open",
+                            seen.nmap_open == expected, f"open: {seen.nmap_open}; {seen.nmap_summary}"))
     checks.append(Check("the health endpoint is not reachable from outside", seen.health_from_outside != "answered",
                         seen.health_from_outside))
     if seen.marketplace_report is not None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -23,11 +25,13 @@ from kiln.image import smoke
 from kiln.image.progress import Progress
 from kiln.image.system import BuildError
 from kiln.image.tools import find_repo
+from kiln.serve.tls import inspect
 
 TOOLS = ("qemu-system-x86_64", "qemu-img", "genisoimage", "ssh", "ssh-keygen")
 STEPS = 5
 KILN = "/opt/kiln/venv/bin/kiln"
-KEPT = ("console.log", "user-data", "cloud-init.log", "cloud-init-result.json", "agent.journal")  # with --keep
+# with --keep
+KEPT = ("console.log", "user-data", "cloud-init.log", "cloud-init-result.json", "agent.journal", "nmap.txt")
 
 
 def free_port() -> int:
@@ -87,12 +91,12 @@ class SmokeTest:
         seen = smoke.Observed()
         progress.step("seed and overlay")
         overlay, seed, key = self._prepare(work)
-        forwards = smoke.Forwards(ssh=free_port(), public=free_port(), health=free_port())
+        forwards = smoke.Forwards(ssh=free_port(), public=free_port(), health=free_port(), http=free_port())
         console = work / "console.log"
         qmp = work / "qmp.sock"
-        argv = smoke.qemu_argv(overlay, seed, console, qmp, forwards, self.memory_mb, self.cpus)
         progress.step(f"boot under QEMU (TCG), SSH on 127.0.0.1:{forwards.ssh}")
-        with _running(argv, work / "qemu.log") as qemu:
+        with _scan_link() as scan, _running(smoke.qemu_argv(overlay, seed, console, qmp, forwards, self.memory_mb,
+                                                            self.cpus, scan=scan), work / "qemu.log") as qemu:
             started = time.monotonic()
             guest = Guest(key, forwards.ssh)
             _wait(progress, "SSH", deadline, qemu, console, lambda: guest.ssh("true", timeout=30).returncode == 0)
@@ -116,9 +120,14 @@ class SmokeTest:
 
             progress.step("listening ports, the public endpoint from outside")
             # The agent reports its plan before it has started the front; wait for nginx to answer at all.
-            public = f"http://127.0.0.1:{forwards.public}/v1/models"
+            public = f"https://127.0.0.1:{forwards.public}/v1/models"
             _wait(progress, "the public endpoint", deadline, qemu, console, lambda: _http_status(public) is not None)
             seen.public_unauthorized = _http_status(public)
+            seen.served_sha256 = _served_certificate(forwards.public)
+            seen.http_redirect = _redirect(f"http://127.0.0.1:{forwards.http}/v1/models")
+            if scan is not None:
+                progress.line(f"==> nmap: every TCP port of {scan.guest}, through the guest's firewall")
+                seen.nmap_open, seen.nmap_summary = _nmap(guest, scan, work)
             seen.listeners = smoke.parse_ss(guest.ssh("sudo ss -Hltunp").stdout)
             seen.unwritable_for_instances = [
                 d for d in smoke.STATE_DIRS
@@ -220,10 +229,63 @@ def _power_off(qemu: subprocess.Popen[bytes], qmp: Path, timeout_s: float = 180)
 
 
 def _http_status(url: str) -> int | None:
+    """The status code, whatever certificate the machine made for itself (it names the guest's addresses)."""
     try:
-        return requests.get(url, timeout=15).status_code
+        return requests.get(url, timeout=15, verify=False).status_code
     except requests.RequestException:
         return None
+
+
+def _served_certificate(port: int) -> str | None:
+    try:
+        return inspect(ssl.get_server_certificate(("127.0.0.1", port), timeout=15)).sha256
+    except (OSError, ValueError):
+        return None
+
+
+def _redirect(url: str) -> str | None:
+    try:
+        reply = requests.get(url, timeout=15, allow_redirects=False)
+    except requests.RequestException:
+        return None
+    return f"{reply.status_code} {reply.headers.get('Location', '')}".strip()
+
+
+@contextlib.contextmanager
+def _scan_link() -> Iterator[smoke.ScanLink | None]:
+    """A host TAP device wired to a second NIC of the guest, so nmap scans the machine as the internet reaches it,
+    through its firewall. Where the host cannot make one (not root, no /dev/net/tun, no nmap), no scan."""
+    if os.geteuid() != 0 or not Path("/dev/net/tun").exists() or not shutil.which("nmap") or not shutil.which("ip"):
+        yield None
+        return
+    subnet = os.getpid() % 250
+    link = smoke.ScanLink(f"kscan{os.getpid() % 100000}", f"10.213.{subnet}.1", f"10.213.{subnet}.2")
+    made = subprocess.run(["ip", "tuntap", "add", "dev", link.tap, "mode", "tap"], capture_output=True, check=False)
+    try:
+        if made.returncode != 0:
+            yield None
+            return
+        for argv in (["ip", "addr", "add", f"{link.host}/{link.prefix}", "dev", link.tap],
+                     ["ip", "link", "set", link.tap, "up"]):
+            subprocess.run(argv, capture_output=True, check=True)
+        yield link
+    finally:
+        if made.returncode == 0:
+            subprocess.run(["ip", "link", "del", link.tap], capture_output=True, check=False)
+
+
+def _nmap(guest: Guest, scan: smoke.ScanLink, work: Path) -> tuple[list[int] | None, str]:
+    """Give the guest's second NIC its address, then a SYN scan of all 65,535 TCP ports from the host."""
+    up = (f"dev=$(ip -o link | awk -F': ' '/{smoke.SCAN_MAC}/ {{print $2}}'); "
+          f"sudo ip addr add {scan.guest}/{scan.prefix} dev $dev && sudo ip link set $dev up")
+    configured = guest.ssh(up)
+    if configured.returncode != 0:
+        return None, f"could not address the guest's scan NIC: {configured.stderr.strip()}"
+    ran = subprocess.run(["nmap", "-Pn", "-n", "-sS", "-p-", "-T4", "--max-retries", "2", "--min-rate", "1000",
+                          "-oG", "-", scan.guest], capture_output=True, text=True, timeout=900, check=False)
+    (work / "nmap.txt").write_text(ran.stdout + ran.stderr)
+    summary = next((line for line in ran.stdout.splitlines() if line.startswith("# Nmap done")), ran.stderr.strip())
+    return (smoke.parse_nmap_open(ran.stdout) if ran.returncode == 0 else None), summary.removeprefix("# ")
 
 
 def _reach(url: str) -> str:

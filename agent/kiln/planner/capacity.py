@@ -60,6 +60,28 @@ def weight_bytes(profile: Profile, precision: str) -> int:
     return int(embed * 2 + body * BYTES_PER_PARAM[precision])
 
 
+def expert_weight_bytes(profile: Profile, precision: str) -> int:
+    """The share of the weights that sits in routed experts (what expert parallelism spreads over its ranks)."""
+    arch = profile.architecture
+    experts = min(expert_params(arch), arch.params_total)
+    if not experts:
+        return 0
+    if precision == "mxfp4":
+        padded = -(-arch.hidden_size // MXFP4_HIDDEN_ALIGN) * MXFP4_HIDDEN_ALIGN / arch.hidden_size
+        return int(experts * padded * BYTES_PER_PARAM["mxfp4"])
+    return int(weight_bytes(profile, precision) * experts / arch.params_total)
+
+
+def weight_bytes_per_gpu(profile: Profile, precision: str, tp: int, expert_ranks: int = 1) -> int:
+    """Weights on each GPU: everything split `tp` ways, except that with expert parallelism the routed experts
+    are split over all `expert_ranks` (tp x data-parallel ranks) while attention stays split by tp."""
+    total = weight_bytes(profile, precision)
+    if expert_ranks <= 1:
+        return total // tp
+    experts = expert_weight_bytes(profile, precision)
+    return (total - experts) // tp + experts // expert_ranks
+
+
 def active_weight_bytes(profile: Profile, precision: str, batch: int) -> float:
     """Bytes of weights one decode step reads: all dense weights, and for MoE the experts hit.
 

@@ -56,6 +56,19 @@ class Context:
     utilization: float
 
     @property
+    def dp(self) -> int:
+        """Data-parallel ranks per server: asked for, or every GPU the split leaves when expert parallelism is."""
+        if self.choice.data_parallel_size:
+            return self.choice.data_parallel_size
+        if self.choice.expert_parallel:  # the recipes' DP + EP: attention on one GPU per rank unless tp is asked
+            return max(self.machine.gpu_count // (self.choice.tensor_parallel_size or 1), 1)
+        return 1
+
+    @property
+    def expert_parallel(self) -> bool:
+        return self.profile.architecture.moe is not None and self.dp > 1 and self.choice.expert_parallel is not False
+
+    @property
     def gpu_memory(self) -> int:
         """Memory CUDA offers per GPU (the smallest GPU's), as vLLM's total_memory."""
         reserved = int(self.c.get("vllm", "driver_reserved_bytes"))
@@ -169,12 +182,14 @@ def _evaluate(ctx: Context, option: PrecisionOption, tp: int, kv_dtype: str, con
     draft = spec_options[0] if spec_options and ctx.choice.speculative_decoding is not False else None
     per_step = draft.num_speculative_tokens + 1 if draft else 1
 
+    weights = cap.weight_bytes_per_gpu(profile, option.precision, tp, tp * ctx.dp) if ctx.expert_parallel else None
+
     def capacity(max_num_seqs: int) -> cap.KvCapacity:
         return cap.kv_capacity(
             profile, precision=option.precision, tp=tp, gpu_memory_bytes=ctx.gpu_memory,
             utilization=ctx.utilization, max_model_len=context, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=batched, kv_dtype=kv_dtype, c=c,
-            draft_params=(draft.draft_params or 0) if draft else 0,
+            draft_params=(draft.draft_params or 0) if draft else 0, weight_bytes_override=weights,
             max_capture_size=_capture_size(max_num_seqs, per_step))
 
     found = capacity(seq_cap)
@@ -203,7 +218,7 @@ def _evaluate(ctx: Context, option: PrecisionOption, tp: int, kv_dtype: str, con
         k = spec.num_speculative_tokens
         emitted = cap.speculative_tokens_per_step(c.get("roofline", "acceptance_rate").get(spec.method, 0.5), k)
         single, loaded = work.speculative_step(1, k, with_prefill=False), work.speculative_step(batch, k)
-    instances = ctx.choice.instances or ctx.machine.gpu_count // tp
+    instances = ctx.choice.instances or ctx.machine.gpu_count // (tp * ctx.dp)
     return Candidate(
         option=option, tp=tp, instances=instances, kv_dtype=kv_dtype, max_model_len=context,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max(batched, max_num_seqs), speculative=spec,
@@ -401,6 +416,14 @@ def make_plan(machine: Machine, profile: Profile, choice: Choice, constants: Con
         tps = [tp]
     else:
         tps = valid_tp_sizes(profile.architecture, machine.gpu_count)
+    if ctx.dp > 1:
+        tps = [t for t in (tps if choice.tensor_parallel_size or not choice.expert_parallel else [1])
+               if t * ctx.dp * (choice.instances or 1) <= machine.gpu_count]
+        if not tps:
+            return Refusal(f"data_parallel_size {ctx.dp} x tensor_parallel_size "
+                           f"{choice.tensor_parallel_size or 1} needs more than the {machine.gpu_count} GPUs here",
+                           (f"ask for data_parallel_size {machine.gpu_count // (choice.tensor_parallel_size or 1)} "
+                            "or less",))
     if choice.instances:
         tps = [t for t in tps if t * choice.instances <= machine.gpu_count]
         if not tps:
@@ -411,7 +434,7 @@ def make_plan(machine: Machine, profile: Profile, choice: Choice, constants: Con
     best, reasons, fitting = _search(ctx, options, tps, target)
     if best is None:
         return _refuse(ctx, reasons, alternatives, target)
-    groups = gpu_groups(machine, best.tp, best.instances)
+    groups = gpu_groups(machine, best.tp * ctx.dp, best.instances)
     if groups is None:
         return Refusal(f"cannot form {best.instances} NVLink-connected groups of {best.tp} GPUs on {machine.name}",
                        ("ask for fewer instances or a smaller tensor_parallel_size",))
@@ -465,6 +488,8 @@ def _build_plan(ctx: Context, best: Candidate, fitting: Sequence[Candidate], gro
         trust_remote_code=p.serving.trust_remote_code,
         extra_args=tuple(extra),
         device="cuda",
+        data_parallel_size=ctx.dp,
+        enable_expert_parallel=ctx.expert_parallel,
     )
     first_port = c.get("planning", "first_instance_port")
     instances = []
@@ -479,7 +504,7 @@ def _build_plan(ctx: Context, best: Candidate, fitting: Sequence[Candidate], gro
         kv_bytes_per_token=best.layout.bytes_per_token_instance,
         kv_bytes_per_token_per_gpu=best.layout.bytes_per_token_per_gpu,
         kv_cache_bytes_per_gpu=best.kv_cache_bytes_per_gpu,
-        kv_cache_tokens_per_instance=best.kv_tokens,
+        kv_cache_tokens_per_instance=best.kv_tokens * ctx.dp,
         max_concurrency_per_instance=best.concurrency,
         decode_tokens_per_s_per_seq=best.decode_tps_per_seq,
         batch_per_instance=best.batch,

@@ -51,6 +51,12 @@ class EngineSettings:
     trust_remote_code: bool
     extra_args: tuple[str, ...]
     device: str  # cuda | cpu
+    data_parallel_size: int = 1  # engine ranks inside one server, each with its own scheduler and KV cache
+    enable_expert_parallel: bool = False  # routed experts spread over tp x dp GPUs instead of split by tp
+
+    @property
+    def schedulers(self) -> int:
+        return self.data_parallel_size
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,7 @@ class Prediction:
     kv_bytes_per_token: int  # one token of context, whole instance, at the chosen KV dtype
     kv_bytes_per_token_per_gpu: int
     kv_cache_bytes_per_gpu: int
-    kv_cache_tokens_per_instance: int
+    kv_cache_tokens_per_instance: int  # all its data-parallel ranks together
     max_concurrency_per_instance: float
     decode_tokens_per_s_per_seq: float
     batch_per_instance: int

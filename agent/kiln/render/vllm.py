@@ -34,6 +34,9 @@ def vllm_python(vllm_command: tuple[str, ...]) -> str:
 CUDA_CACHE_MAX_BYTES = 4 * 2**30  # the largest CUDA_CACHE_MAXSIZE the driver honours (the default is 256 MiB)
 
 
+KEY_USAGE_MIDDLEWARE = "kiln_key_usage.KeyUsage"  # kiln/data/vllm/kiln_key_usage.py
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Where things live on the machine that will run the plan."""
@@ -45,6 +48,8 @@ class Runtime:
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     # The compile and kernel caches' folder on the cache disk; None leaves them under the instances' $HOME.
     cache_root: str | None = None
+    # The folder holding kiln_key_usage.py (requests and tokens per API key name, counted inside vLLM); None: off.
+    key_usage_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,9 +62,12 @@ class RenderedInstance:
     env: dict[str, str]
     cpus: tuple[int, ...]
     numa_node: int | None
+    data_parallel_size: int = 1
 
     def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "gpus": list(self.gpus), "tensor_parallel_size": max(len(self.gpus), 1),
+        return {"name": self.name, "gpus": list(self.gpus),
+                "tensor_parallel_size": max(len(self.gpus) // self.data_parallel_size, 1),
+                "data_parallel_size": self.data_parallel_size,
                 "port": self.port, "argv": list(self.argv), "env": dict(self.env),
                 "cpus": list(self.cpus), "numa_node": self.numa_node}
 
@@ -88,6 +96,10 @@ def vllm_args(plan: Plan, instance: InstancePlan, runtime: Runtime, *, local_mod
     args += ["--max-num-seqs", str(e.max_num_seqs), "--max-num-batched-tokens", str(e.max_num_batched_tokens)]
     if e.device == "cuda":
         args += ["--tensor-parallel-size", str(e.tensor_parallel_size)]
+        if e.data_parallel_size > 1:
+            args += ["--data-parallel-size", str(e.data_parallel_size)]
+        if e.enable_expert_parallel:
+            args.append("--enable-expert-parallel")
         args += ["--gpu-memory-utilization", f"{e.gpu_memory_utilization:g}"]
     if e.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", e.kv_cache_dtype]
@@ -104,6 +116,8 @@ def vllm_args(plan: Plan, instance: InstancePlan, runtime: Runtime, *, local_mod
         args += ["--reasoning-parser", e.reasoning_parser]
     if e.trust_remote_code:
         args.append("--trust-remote-code")
+    if runtime.key_usage_path:
+        args += ["--middleware", KEY_USAGE_MIDDLEWARE]
     args += list(e.extra_args)
     return args
 
@@ -125,6 +139,8 @@ def vllm_env(plan: Plan, instance: InstancePlan, runtime: Runtime) -> dict[str, 
         omp = instance.omp_cpus or instance.cpus
         if omp:
             env["VLLM_CPU_OMP_THREADS_BIND"] = f"{omp[0]}-{omp[-1]}"
+    if runtime.key_usage_path:
+        env["PYTHONPATH"] = runtime.key_usage_path
     env.update(dict(runtime.extra_env))
     return env
 
@@ -147,7 +163,7 @@ def render_instances(plan: Plan, runtime: Runtime, *, local_model: bool = False)
             name=inst.name, port=inst.port, gpus=inst.gpus, device_minors=inst.device_minors,
             argv=(*runtime.vllm_command, *vllm_args(plan, inst, runtime, local_model=local_model)),
             env={**vllm_env(plan, inst, runtime), **OFFLINE_ENV} if local_model else vllm_env(plan, inst, runtime),
-            cpus=inst.cpus, numa_node=inst.numa_node,
+            cpus=inst.cpus, numa_node=inst.numa_node, data_parallel_size=plan.engine.data_parallel_size,
         )
         for inst in plan.instances
     ]

@@ -30,20 +30,24 @@ from kiln.hub.baked import MANIFEST, read_manifest
 from kiln.hub.client import HubClient, Progress
 from kiln.hub.files import repos_for
 from kiln.hub.preflight import HubVerdict
+from kiln.perf.predict import forecast, kiln_steps
+from kiln.perf.workload import resolve as resolve_workload
 from kiln.render.systemd import instance_dropin
 from kiln.render.vllm import IMAGE_VLLM, OFFLINE_ENV, RenderedInstance, Runtime, vllm_python
 from kiln.serve import metrics as prom
-from kiln.serve.apikey import ensure_api_key, write_private
 from kiln.serve.caches import Caches, place_caches
 from kiln.serve.cost import hourly_price
 from kiln.serve.decide import Decision, decide
+from kiln.serve.endpoint import Endpoint
+from kiln.serve.front import Front
 from kiln.serve.health import HealthServer
 from kiln.serve.layout import ServeLayout
 from kiln.serve.models import Milestones, ModelStep
 from kiln.serve.notify import sd_notify
 from kiln.serve.processes import LocalProcesses, ProcessSpec
-from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv, nginx_config
+from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv
 from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
+from kiln.serve.secretfiles import write_private
 from kiln.serve.selfcheck import SelfCheckSettings, self_check_result
 from kiln.serve.startup import AgentSteps, parse_startup
 from kiln.serve.state import DETECTING, DOWNLOADING, PLANNING, STARTING_PHASE, AgentState
@@ -55,6 +59,8 @@ from kiln.wiring import Kiln
 
 log = logging.getLogger("kiln.agent")
 METER_INTERVAL_S = 5.0
+LOOP_S = 0.2  # how soon a reload (SIGHUP) is acted on
+DRAIN_S = 120.0  # a rolling change waits this long for an instance's requests in flight
 DOCTOR_WAIT_S = 120.0  # how long a transient pre-flight failure (a fabric still being set up) may take to clear
 DOCTOR_RETRY_S = 5.0
 QUEUE_FACTOR = 2  # requests in flight per instance slot: one running batch and one waiting
@@ -76,6 +82,8 @@ class AgentOptions:
     systemd: bool = False  # start each process as its systemd unit (the image) instead of as a child
     service_user: str = "kiln"  # with systemd: the units' User=, who must read the files the agent writes
     process_started: float | None = None  # epoch seconds the process began, to time Python and the imports too
+    tls_names: tuple[str, ...] = ()  # addresses and host names a self-signed certificate names, besides metadata's
+    proxy_user: str | None = None  # nginx's workers' user when its master runs as root (the image: www-data)
 
 
 def _log(folder: Path | None, name: str) -> Path | None:
@@ -142,7 +150,7 @@ class Agent:
         self.options = options
         layout = options.layout
         self.state = AgentState(endpoint=layout.endpoint_url(options.advertised_host), health=layout.health_url,
-                                api_key_file=str(layout.api_key_file), telemetry=lambda: gpu_telemetry(pynvml))
+                                keys_file=str(layout.keys_file), telemetry=lambda: gpu_telemetry(pynvml))
         try:
             self.health = HealthServer(self.state, layout.local_host, layout.health_port, self.metrics)
         except OSError as exc:
@@ -157,26 +165,56 @@ class Agent:
         self.steps = AgentSteps()
         self._lap_from = time.monotonic()
         self._timelines: dict[str, tuple[object, bool]] = {}  # instance -> (the run its timeline is of, complete)
+        self.endpoint: Endpoint | None = None  # keys, certificate and nginx's configuration, once serving
+        self.reload_requested = threading.Event()
+        self.renewal_requested = threading.Event()
+        self._rollout: threading.Thread | None = None
+        self._verdict: HubVerdict | None = None
+        self._launcher: Launcher | None = None
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> int:
         """Serve until stop() is called; 0 when stopped cleanly, whatever happened to the model."""
         self.health.start()
         sd_notify("READY=1\nSTATUS=detecting the machine")
+        pid_file = self.options.layout.agent_pid_file
+        try:
+            write_private(pid_file, f"{os.getpid()}\n", mode=0o644)
+        except OSError as exc:
+            log.warning("could not write %s (`kiln reload` will not find the agent): %s", pid_file, exc)
         try:
             self._boot()
-            while not self.stopping.wait(METER_INTERVAL_S):
-                self._meter()
-                self._start_self_check()
+            next_meter = time.monotonic() + METER_INTERVAL_S
+            while not self.stopping.wait(LOOP_S):
+                if self.reload_requested.is_set():
+                    self.reload_requested.clear()
+                    self._reload()
+                if self.endpoint:
+                    forced = self.renewal_requested.is_set()
+                    self.renewal_requested.clear()
+                    self.endpoint.renew(force=forced)
+                if time.monotonic() >= next_meter:
+                    next_meter = time.monotonic() + METER_INTERVAL_S
+                    self._meter()
+                    self._start_self_check()
         finally:
             sd_notify("STOPPING=1")
             if self.supervisor:
                 self.supervisor.stop()
             self.health.stop()
+            pid_file.unlink(missing_ok=True)
         return 0
 
     def stop(self) -> None:
         self.stopping.set()
+
+    def request_reload(self) -> None:
+        """SIGHUP (`kiln reload`, `systemctl reload kiln-agent`): re-read the choice and the keys."""
+        self.reload_requested.set()
+
+    def request_renewal(self) -> None:
+        """SIGUSR1 (`kiln reload --renew-certificate`): renew the ACME certificate now."""
+        self.renewal_requested.set()
 
     def _lap(self, step: str) -> None:
         now = time.monotonic()
@@ -199,9 +237,10 @@ class Agent:
         resolved = options.read_choice()
         self._lap("read the choice")
         state.set_phase(PLANNING)
-        runtime = Runtime(vllm_command=options.vllm_command, models_dir=str(layout.models_dir),
-                          hf_home=str(layout.hf_home), extra_env=options.extra_env)
-        models = ModelStep(client=self._hub_client, stopping=self.stopping,
+        self._runtime = runtime = Runtime(vllm_command=options.vllm_command, models_dir=str(layout.models_dir),
+                                          hf_home=str(layout.hf_home), extra_env=options.extra_env,
+                                          key_usage_path=datafiles.data_dir("vllm"))
+        self._models = models = ModelStep(client=self._hub_client, stopping=self.stopping,
                            replan=lambda choice: decide(self.kiln, options.machine, choice, runtime),
                            offline=os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"),
                            manifest=read_manifest(layout.state_dir / MANIFEST), baked_cache=layout.hf_home,
@@ -222,7 +261,7 @@ class Agent:
             what, fix = decision.failure or ("no plan", "")
             self._fail(what, fix, journal=f"nothing to serve: {what}")
             return
-        self.caches = self._place_caches(decision)
+        self._use_caches(self._caches_for(decision))
         decision.render(self.caches.runtime(runtime))
         self._lap("choose the cache disk")
         if not self._preflight(decision, verdict):
@@ -253,14 +292,22 @@ class Agent:
     def _hub_client(self, token: str | None) -> HubClient:
         return HubClient(hub_cache(self.caches.hf_home), token)
 
-    def _place_caches(self, decision: Decision) -> Caches:
+    def _caches_for(self, decision: Decision) -> Caches:
+        """Where this plan's caches go: the disk that holds its files already, else the roomiest."""
         assert decision.plan is not None and decision.profile is not None
-        layout = self.options.layout
         repos = [n.repo for n in repos_for(decision.plan, decision.profile.local_model)]
-        caches = place_caches(self.kiln.mounts(), layout.state_dir, repos)
+        return place_caches(self.kiln.mounts(), self.options.layout.state_dir, repos)
+
+    def _use_caches(self, caches: Caches) -> None:
+        self.caches = caches
         self.state.cache = caches.as_dict()
         log.info("cache disk: %s: %s", caches.root, caches.disk.reason)
-        return caches
+
+    def _max_in_flight(self, decision: Decision) -> int:
+        """nginx's bound on requests in flight: the option, else QUEUE_FACTOR x the instances' batch slots."""
+        assert decision.plan is not None
+        return (self.options.max_in_flight
+                or QUEUE_FACTOR * decision.plan.engine.max_num_seqs * len(decision.rendered))
 
     def _doctor(self, decision: Decision, verdict: HubVerdict | None) -> Report:
         assert decision.plan is not None and decision.profile is not None
@@ -327,12 +374,7 @@ class Agent:
     def _supervisor(self, decision: Decision, resolved: ResolvedChoice) -> Supervisor:
         layout, options = self.options.layout, self.options
         assert decision.plan is not None and decision.profile is not None
-        if decision.profile.local_model and decision.profile.cpu_only:
-            target = layout.models_dir / decision.plan.engine.model
-            if not (target / "config.json").exists():
-                log.info("making the tiny model in %s", target)
-                make_tiny_model(decision.profile, target)
-        key = ensure_api_key(layout.api_key_file, resolved.choice.api_key)
+        self._make_local_model(decision)
         self._write_hf_token(resolved.choice.hf_token)
         nginx, router = find_nginx(), find_router()
         if not nginx:
@@ -340,34 +382,56 @@ class Agent:
                             fix="install it: apt-get install nginx-light (or nginx)")
         if not router:
             raise KilnError("vllm-router is not installed", fix="pip install vllm-router in kiln's environment")
-        in_flight = options.max_in_flight or QUEUE_FACTOR * decision.plan.engine.max_num_seqs * len(decision.rendered)
-        config = nginx_config(layout, ProxySettings(max_in_flight=in_flight), key)
-        for sub in ("tmp", "logs"):
-            (layout.proxy_config.parent / sub).mkdir(parents=True, exist_ok=True)
-        write_private(layout.proxy_config, config)
-        self._write_motd(key)
-        logs = None if options.systemd else layout.log_dir  # under systemd, the journal
+        settings = ProxySettings(max_in_flight=self._max_in_flight(decision), worker_user=options.proxy_user)
+        self.endpoint = Endpoint(Front(layout, settings),
+                                 self.state, options.advertised_host, options.tls_names, self._write_motd_text,
+                                 self._reload_proxy)
+        self.endpoint.configure(resolved)
+        logs = self._logs
         proxy = Member(ProcessSpec("proxy", nginx_argv(nginx, layout), log_file=_log(logs, "proxy")))
         router_member = Member(ProcessSpec("router", router_argv(router, layout, options.router),
                                            log_file=_log(logs, "router")),
                                probe_url=f"{layout.router_url}/health")
         instances = [self._instance(r, logs) for r in decision.rendered]
-        specs = [m.spec.as_dict() for m in (proxy, router_member, *instances)]
-        write_private(layout.runtime_file, json.dumps({"processes": specs}, indent=2) + "\n")
+        self._write_runtime([proxy, router_member, *instances])
         launcher: Launcher = LocalProcesses()
         if options.systemd:
             # The state folder is root's; the units (User=kiln) write only these folders in it, and read the
-            # runtime (argv, environment) and nginx's configuration through their group.
-            writable = [layout.models_dir, *self.caches.folders, layout.home_dir, layout.proxy_config.parent / "tmp"]
+            # runtime (argv, environment) through their group (_write_runtime).
+            writable = [layout.models_dir, *self.caches.folders, layout.home_dir]
             for folder in writable:
                 folder.mkdir(parents=True, exist_ok=True)
             give_to_user(options.service_user, layout.state_dir, writable)
-            share_with_group(options.service_user, [layout.runtime_file, layout.proxy_config])
-            elsewhere = tuple(str(f) for f in self.caches.folders if layout.state_dir not in (f, *f.parents))
-            launcher = SystemdUnits({r.name: instance_dropin(r, profile=decision.plan.profile, writable=elsewhere)
-                                     for r in decision.rendered})
+            launcher = SystemdUnits(self._dropins(decision))
+        self._launcher = launcher
         return Supervisor(launcher=launcher, routing=RouterClient(layout.router_url), probe=http_probe,
                           settings=options.supervisor, router=router_member, others=[proxy], instances=instances)
+
+    @property
+    def _logs(self) -> Path | None:
+        return None if self.options.systemd else self.options.layout.log_dir  # under systemd, the journal
+
+    def _make_local_model(self, decision: Decision) -> None:
+        assert decision.plan is not None and decision.profile is not None
+        if decision.profile.local_model and decision.profile.cpu_only:
+            target = self.options.layout.models_dir / decision.plan.engine.model
+            if not (target / "config.json").exists():
+                log.info("making the tiny model in %s", target)
+                make_tiny_model(decision.profile, target)
+
+    def _dropins(self, decision: Decision) -> dict[str, str]:
+        assert decision.plan is not None
+        state_dir = self.options.layout.state_dir
+        elsewhere = tuple(str(f) for f in self.caches.folders if state_dir not in (f, *f.parents))
+        return {r.name: instance_dropin(r, profile=decision.plan.profile, writable=elsewhere)
+                for r in decision.rendered}
+
+    def _write_runtime(self, members: list[Member]) -> None:
+        """What `kiln agent exec NAME` (each unit's ExecStart) starts: argv and environment, no secret."""
+        path = self.options.layout.runtime_file
+        write_private(path, json.dumps({"processes": [m.spec.as_dict() for m in members]}, indent=2) + "\n")
+        if self.options.systemd:
+            share_with_group(self.options.service_user, [path])
 
     def _write_hf_token(self, token: str | None) -> None:
         """The token's one place besides its source: a root-only environment file the instances start with."""
@@ -390,10 +454,116 @@ class Agent:
         """An instance's environment (and the self-check's): offline once the plan's repositories are cached."""
         return {**rendered.env, **(OFFLINE_ENV if self.models_cached else {})}
 
-    def _write_motd(self, key: str) -> None:
-        self._write_motd_text(f"kiln: OpenAI-compatible endpoint {self.state.endpoint}/v1 (model: see `kiln status`)\n"
-                              f"kiln: API key {key}  (also in {self.options.layout.api_key_file}; `kiln status` for "
-                              "health)\n")
+    def _reload_proxy(self) -> None:
+        proxy = self.supervisor.others[0] if self.supervisor and self.supervisor.others else None
+        if proxy and proxy.running:
+            proxy.running.reload()
+
+    def _reload(self) -> None:
+        """Keys, rates and the certificate apply at once: nginx re-reads its configuration gracefully."""
+        started = time.monotonic()
+        if self.endpoint is None:
+            log.warning("reload: nothing is served yet; the choice is read again at the next start")
+            return
+        try:
+            resolved = self.options.read_choice()
+        except Exception as exc:  # a bad file must not take serving down
+            log.error("reload: could not read the choice: %s; nothing changed", exc)
+            return
+        for problem in resolved.problems:
+            log.warning("reload: %s", problem.text())
+        changed = self.endpoint.reload(resolved)
+        # Keys and certificate are in force now; the plan is read next (the Hub may be asked).
+        report = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "changed": changed,
+                  "seconds": round(time.monotonic() - started, 3), "planned": False, "rolling": None}
+        self.state.reload = report
+        plan = self._changed_plan(resolved)
+        changed = [*changed, "plan"] if plan is not None else changed
+        self.state.reload = {**report, "changed": changed, "seconds": round(time.monotonic() - started, 3),
+                             "planned": True, "rolling": {"state": "running"} if plan else None}
+        log.info("reload: %s in %.2f s", ", ".join(changed) or "nothing changed", time.monotonic() - started)
+        if plan is not None:
+            self._rollout = threading.Thread(target=self._roll, args=(*plan, resolved), name="kiln-rollout",
+                                             daemon=True)
+            self._rollout.start()
+
+    def _changed_plan(self, resolved: ResolvedChoice) -> tuple[Decision, Caches] | None:
+        """The new choice's decision, rendered for where its caches go, when it serves something else than now;
+        None when the plan stays (or cannot change now: a rolling change under way, or a choice that cannot be
+        served, which is reported)."""
+        if self._rollout and self._rollout.is_alive():
+            log.warning("reload: a rolling change is under way; the plan is read again at the next reload")
+            return None
+        decision = decide(self.kiln, self.options.machine, resolved, self._runtime)
+        decision, self._verdict = self._models.check(decision, resolved)
+        if decision.failure or decision.plan is None:
+            what, fix = decision.failure or ("no plan", "")
+            log.error("reload: the new choice cannot be served: %s (fix: %s); the current plan keeps serving",
+                      what, fix)
+            self.state.fail(f"reload: {what}; the current plan keeps serving", fix)
+            return None
+        caches = self._caches_for(decision)
+        decision.render(caches.runtime(self._runtime))
+        return None if decision.plan_report() == self.state.plan else (decision, caches)
+
+    def _roll(self, decision: Decision, caches: Caches, resolved: ResolvedChoice) -> None:
+        """A new plan, one instance at a time: each leaves routing, finishes its requests in flight (bounded),
+        stops, and its successor starts and joins routing before the next; the others serve throughout."""
+        sup, layout = self.supervisor, self.options.layout
+        assert sup is not None and decision.plan is not None and self.endpoint is not None
+        started = time.monotonic()
+        self._use_caches(caches)
+        report = self._doctor(decision, self._verdict)
+        if report.blocking:
+            first = report.blocking[0]
+            return self._rolled("refused", f"pre-flight: {first.name}: {first.detail}", first.fix)
+        verdict = self._verdict
+        if verdict and verdict.readable:
+            why = self._models.download(self._hub_client(resolved.choice.hf_token), verdict.readable,
+                                        lambda p: setattr(self.state, "download", p.as_dict()))
+            if why:
+                return self._rolled("refused", why, "check the network and the disk, then `kiln reload`")
+        self._make_local_model(decision)
+        self._write_hf_token(resolved.choice.hf_token)
+        members = [self._instance(r, self._logs) for r in decision.rendered]
+        self._write_runtime([*sup.others, *([sup.router] if sup.router else []), *members])
+        if isinstance(self._launcher, SystemdUnits):
+            self._launcher.set_dropins(self._dropins(decision))
+        if len(sup.instances) < 2:
+            last = [t.get("ready_s") for t in (self.state.startup.get("instances") or {}).values()]
+            took = max((t for t in last if t is not None), default=None)
+            log.warning("rolling change: the only instance restarts; nothing is served until it is back%s",
+                        f" (about {took:.0f} s: its last start took that long)" if took else "")
+        log.info("rolling change to %s: %d instance(s) replaced one at a time", decision.plan.profile, len(members))
+        why = sup.roll(members, self._drain, self.options.supervisor.start_timeout_s)
+        if why:
+            return self._rolled("stopped", why, "see `kiln status`; the instances not yet replaced keep serving")
+        self.decision = decision
+        self.state.plan = decision.plan_report()
+        self.state.choice = decision.choice_report()
+        write_private(layout.plan_file, json.dumps(self.state.plan, indent=2) + "\n")
+        self.endpoint.set_max_in_flight(self._max_in_flight(decision))
+        self._rolled("done", f"{decision.plan.profile} on {len(members)} instance(s) in "
+                             f"{time.monotonic() - started:.0f} s", "")
+
+    def _rolled(self, state: str, what: str, fix: str) -> None:
+        if self.state.reload is not None:
+            self.state.reload["rolling"] = {"state": state, "detail": what, "fix": fix or None}
+        if state == "done":
+            log.info("rolling change: done: %s", what)
+        else:
+            log.error("rolling change: %s: %s (fix: %s)", state, what, fix)
+            self.state.fail(f"rolling change {state}: {what}", fix)
+
+    def _drain(self, member: Member, timeout_s: float = DRAIN_S) -> None:
+        """Wait until an instance out of routing has no request running or waiting, or the bound passes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.stopping.is_set():
+            text = _fetch(f"{member.route_url}/metrics") if member.route_url else ""
+            if not text or prom.requests_in_flight(text) == 0:
+                return
+            time.sleep(0.5)
+        log.warning("%s: still busy after %.0f s of draining; stopping it", member.name, timeout_s)
 
     def _write_motd_text(self, text: str) -> None:
         path = self.options.motd_file
@@ -411,6 +581,8 @@ class Agent:
         if self._self_check or not sup or not settings or len(sup.ready_instances()) < len(sup.instances):
             return
         self.state.self_check = {"state": "running"}
+        workload = self.decision.choice.choice.workload if self.decision else None
+        settings = settings.shaped(resolve_workload(workload) if workload else None)
         self._self_check = threading.Thread(target=self._run_self_check, args=(settings,), name="kiln-self-check",
                                             daemon=True)
         self._self_check.start()
@@ -424,7 +596,11 @@ class Agent:
         client = VllmBench(vllm_python(self.options.vllm_command), self.options.layout.state_dir / "self-check.log")
         try:
             raw = client.run(target, settings.spec().workload(settings.concurrency), self._env(first))
-            result = self_check_result(raw, self.state.plan, decision.plan.engine.device, settings)
+            assert decision.machine is not None and decision.profile is not None
+            expected = forecast(decision.plan, settings.workload(),
+                                kiln_steps(decision.plan, decision.machine, decision.profile, self.kiln.constants),
+                                self.kiln.constants)
+            result = self_check_result(raw, expected, decision.plan.engine.device, settings)
         except (KilnError, OSError) as exc:
             result = {"state": "failed", "degraded": False, "verdict": f"the self-check could not run: {exc}"}
         self.state.self_check = result

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kiln.choice.resolve import ResolvedChoice
-from kiln.choice.schema import SECRET_FIELDS, Problem
+from kiln.choice.schema import SECRET_FIELDS, Choice, Problem, tls_summary
 from kiln.choice.select import FALLBACK_PROFILE, select_profile
 from kiln.cli.views import plan_dict
 from kiln.errors import KilnError
 from kiln.hardware.model import Machine
+from kiln.perf.predict import kiln_steps
+from kiln.perf.workload import resolve as resolve_workload
 from kiln.planner.plan import make_plan
+from kiln.planner.search import choose
 from kiln.planner.types import Plan, Refusal
 from kiln.profiles.schema import Profile
 from kiln.render.vllm import RenderedInstance, Runtime, render_instances
@@ -24,7 +27,7 @@ from kiln.wiring import Kiln
 
 # Choice fields that override the planner; without them a profile gets the planner's own settings.
 OVERRIDES = ("max_model_len", "instances", "tensor_parallel_size", "quantization", "kv_cache_dtype",
-             "speculative_decoding", "gpu_memory_utilization")
+             "speculative_decoding", "gpu_memory_utilization", "workload")
 
 
 @dataclass
@@ -47,6 +50,8 @@ class Decision:
         return {"values": values, "origins": dict(self.choice.origins), "summary": self.choice.summary(),
                 "api_key_set": self.choice.choice.api_key is not None,
                 "hf_token_set": self.choice.choice.hf_token is not None,
+                "api_key_names": sorted(self.choice.choice.api_keys or ()),
+                "tls": tls_summary(self.choice.choice.tls),
                 "profile": self.profile.name if self.profile else None,
                 "problems": [p.as_dict() for p in self.problems]}
 
@@ -95,6 +100,24 @@ def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runti
         decision.failure = (f"{profile.name} cannot be served on {decision.machine.name}: {plan.reason}",
                             "; ".join(plan.suggestions) or "use a machine with a supported NVIDIA GPU")
         return decision
+    if choice.workload is not None and not profile.cpu_only:
+        plan = _for_workload(kiln, decision, profile, choice, plan, alternatives)
     decision.plan = plan
     decision.render(runtime)
     return decision
+
+
+def _for_workload(kiln: Kiln, decision: Decision, profile: Profile, choice: Choice, plan: Plan,
+                  alternatives: list[Machine]) -> Plan:
+    """The setup whose prediction serves the user's workload best within its budget; when none meets the
+    budget, the throughput plan, with the closest setup and what would meet it reported."""
+    assert decision.machine is not None
+    machine = decision.machine
+    workload = resolve_workload(choice.workload)
+    found = choose(machine, profile, choice, workload, kiln.constants,
+                   lambda p: kiln_steps(p, machine, profile, kiln.constants), alternatives)
+    if isinstance(found, Refusal):
+        decision.problems.append(Problem("plan", "workload", f"{found.reason}; serving the plan with the most "
+                                         "output instead", "; ".join(found.suggestions) or "loosen ttft_ms/tpot_ms"))
+        return plan
+    return replace(found.chosen.plan, explanation=found.chosen.plan.explanation + found.explanation)

@@ -48,6 +48,8 @@ def _handler(state: AgentState, metrics: Callable[[], bytes]) -> type[BaseHTTPRe
                     self._send(200 if ok else 503, {"ready": ok, "reason": reason})
                 elif path == "/status":
                     self._send(200, state.status())
+                elif path == "/status/reload":  # what `kiln reload` and `kiln keys` wait for, cheaply
+                    self._send(200, {"reload": state.reload})
                 elif path == "/metrics":
                     self._send_bytes(200, metrics(), "text/plain; version=0.0.4; charset=utf-8")
                 else:

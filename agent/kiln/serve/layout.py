@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-PUBLIC_PORT = 8000  # the OpenAI API, vLLM's own default port
+PUBLIC_PORT = 443  # the OpenAI API over HTTPS
+HTTP_PORT = 80  # the ACME challenge and a redirect to HTTPS; the API itself with `tls: off`
+LOCAL_PORT = 8000  # `kiln up` on a laptop: vLLM's own default port, no privilege needed
 ROUTER_PORT = 8001  # vllm-router, localhost only
 ROUTER_METRICS_PORT = 8002  # vllm-router's Prometheus exporter, localhost only
 HEALTH_PORT = 8090  # kiln's /health, /ready, /status, /metrics, localhost only
@@ -21,6 +23,7 @@ class ServeLayout:
     state_dir: Path = IMAGE_STATE_DIR
     public_host: str = "0.0.0.0"  # the public endpoint; the image firewall opens only it and SSH
     public_port: int = PUBLIC_PORT
+    http_port: int | None = HTTP_PORT  # None: no plain-HTTP listener (`kiln up`)
     router_port: int = ROUTER_PORT
     router_metrics_port: int = ROUTER_METRICS_PORT
     health_port: int = HEALTH_PORT
@@ -55,7 +58,26 @@ class ServeLayout:
 
     @property
     def api_key_file(self) -> Path:
+        """An earlier version's single key; read once into keys.json."""
         return self.state_dir / "api_key"
+
+    @property
+    def agent_pid_file(self) -> Path:
+        """Where `kiln keys` and `kiln reload` find the agent to signal."""
+        return self.state_dir / "agent.pid"
+
+    @property
+    def keys_file(self) -> Path:
+        return self.state_dir / "keys.json"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.state_dir / "tls"
+
+    @property
+    def acme_webroot(self) -> Path:
+        """Served on port 80 under /.well-known/acme-challenge/; holds nothing but a challenge's token."""
+        return self.state_dir / "acme" / "webroot"
 
     @property
     def proxy_config(self) -> Path:
@@ -77,5 +99,12 @@ class ServeLayout:
     def health_url(self) -> str:
         return f"http://{self.local_host}:{self.health_port}"
 
-    def endpoint_url(self, advertised_host: str) -> str:
-        return f"http://{advertised_host}:{self.public_port}"
+    def api_port(self, tls: bool) -> int:
+        """Without TLS the API moves to the plain-HTTP port, when there is one (the image: 80)."""
+        return self.public_port if tls or self.http_port is None else self.http_port
+
+    def endpoint_url(self, advertised_host: str, tls: bool = True) -> str:
+        scheme, port = ("https", self.api_port(tls)) if tls else ("http", self.api_port(tls))
+        default = 443 if tls else 80
+        host = f"[{advertised_host}]" if ":" in advertised_host else advertised_host
+        return f"{scheme}://{host}" + ("" if port == default else f":{port}")

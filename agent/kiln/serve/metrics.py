@@ -27,6 +27,12 @@ def generation_tokens(text: str) -> float:
                if s.name.endswith("_total"))
 
 
+def requests_in_flight(text: str) -> float:
+    """Requests an instance is running or holding in its queue, summed over its engines."""
+    return sum(s.value for f in parse(text) if f.name in ("vllm:num_requests_running", "vllm:num_requests_waiting")
+               for s in f.samples)
+
+
 def merge_labelled(sources: Mapping[str, str], label: str) -> list[Metric]:
     """Families of the same name from several sources become one family, each sample labelled with its source."""
     merged: dict[str, Metric] = {}

@@ -82,6 +82,11 @@ class Running:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, sig)
 
+    def reload(self) -> None:
+        """SIGHUP to the main process alone (nginx's master re-reads its configuration; its workers must not)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.popen.pid, signal.SIGHUP)
+
     def terminate(self) -> None:
         if self.popen.poll() is None:
             self.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM

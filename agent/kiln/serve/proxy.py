@@ -11,11 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.serve.health import PUBLIC_HEALTH
+from kiln.serve.keys import KeyStore
 from kiln.serve.layout import ServeLayout
+from kiln.serve.tls import CIPHERS_TLS12, PROTOCOLS
 
 RETRIES = 2  # passes of a failed request back to the router, each to the next worker in its rotation
 # The OpenAI API vLLM serves for a generative model; /v1/responses is what the gpt-oss recipe uses.
 PUBLIC_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses")
+KEY_HEADER = "X-Kiln-Key"  # the name of the key a request came with, set by nginx over whatever the client sent
+UNSAFE = "\"'\\$; \n{}"  # characters a key may not hold in nginx's configuration
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 
 
@@ -25,6 +29,14 @@ class ProxySettings:
     retry_after_s: int = 2
     workers: int = 2
     max_body_bytes: int = 64 * 2**20
+    worker_user: str | None = None  # with a root master (the image): the workers' user, who reads no secret file
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """What nginx serves TLS with; None in nginx_config means plain HTTP (`tls: off`)."""
+    certificate: Path
+    private_key: Path
 
 
 def _error(message: str, kind: str, code: str) -> str:
@@ -32,22 +44,70 @@ def _error(message: str, kind: str, code: str) -> str:
     return "'" + body.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def nginx_config(layout: ServeLayout, settings: ProxySettings, api_key: str) -> str:
-    if not api_key or any(ch in api_key for ch in "\"'\\$; \n{}"):
-        raise ValueError("the API key holds characters nginx cannot take literally")
+def _key_lines(keys: KeyStore) -> tuple[str, str, str]:
+    """The map from the Authorization header to a key's name, and one rate-limit zone per limited key."""
+    for key in keys.keys:
+        if len(key.secret) < 16 or any(ch in key.secret for ch in UNSAFE):
+            raise ValueError(f"the key named {key.name} holds characters nginx cannot take literally")
+    names = "\n".join(f'        "Bearer {k.secret}" {k.name};' for k in keys.keys)
+    zones, limits = [], []
+    for i, key in enumerate(k for k in keys.keys if k.requests_per_minute):
+        rate = key.requests_per_minute or 0
+        zones.append(f"    map $kiln_key $kiln_rate_{i} {{\n        default \"\";\n        {key.name} $kiln_key;\n"
+                     f"    }}\n    limit_req_zone $kiln_rate_{i} zone=kiln_rate_{i}:1m rate={rate}r/m;")
+        limits.append(f"            limit_req zone=kiln_rate_{i} burst={max(1, rate // 6)} nodelay;")
+    return names, "\n".join(zones), "\n".join(limits)
+
+
+def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, tls: TlsFiles | None) -> str:
     paths = "|".join(p.removeprefix("/v1/") for p in PUBLIC_PATHS)
     unauthorized = _error("a valid API key is required: send 'Authorization: Bearer KEY' (see `kiln status`)",
                           "invalid_request_error", "invalid_api_key")
     overloaded = _error(f"the server is at capacity ({settings.max_in_flight} requests in flight); retry later",
                         "server_error", "overloaded")
+    rate_limited = _error("this key's rate limit (requests per minute) is reached; retry later",
+                          "rate_limit_error", "rate_limit_exceeded")
     not_found = _error(f"not served here; the API offers {', '.join(PUBLIC_PATHS)}", "invalid_request_error",
                        "not_found")
     servers = "\n".join(f"        server {layout.local_host}:{layout.router_port} max_fails=0;"
                         for _ in range(RETRIES + 1))
+    key_names, rate_zones, rate_limits = _key_lines(keys)
+    user = f"user {settings.worker_user};\n" if settings.worker_user else ""
+    api_port = layout.api_port(tls is not None)
+    if tls:
+        listen = (f"        listen {layout.public_host}:{api_port} ssl backlog=4096;\n"
+                  f"        ssl_certificate {tls.certificate};\n"
+                  f"        ssl_certificate_key {tls.private_key};\n"
+                  f"        ssl_protocols {' '.join(PROTOCOLS)};\n"
+                  f"        ssl_ciphers {':'.join(CIPHERS_TLS12)};\n"
+                  "        ssl_prefer_server_ciphers off;\n"
+                  "        ssl_ecdh_curve X25519:prime256v1:secp384r1;\n"
+                  "        ssl_session_cache shared:kiln_tls:10m;\n"
+                  "        ssl_session_timeout 1d;\n"
+                  "        ssl_session_tickets off;\n"
+                  "        add_header Strict-Transport-Security \"max-age=63072000\" always;")
+    else:
+        listen = f"        listen {layout.public_host}:{api_port} backlog=4096;"
+    challenge = f"""
+        # ACME HTTP-01: the CA fetches the token the agent wrote; nothing else is read from disk.
+        location ^~ /.well-known/acme-challenge/ {{
+            root {layout.acme_webroot};
+            default_type text/plain;
+            try_files $uri =404;
+        }}"""
+    plain = "" if not (tls and layout.http_port) else f"""
+    # Port 80: the ACME challenge, and a redirect to the API's HTTPS for everything else.
+    server {{
+        listen {layout.public_host}:{layout.http_port};
+{challenge}
+        location / {{
+            return 301 https://$host{'' if api_port == 443 else f':{api_port}'}$request_uri;
+        }}
+    }}
+"""
     return f"""\
-# kiln's public endpoint, written by the kiln agent at every start. Holds the API key: root's, 0600 (0640 for nginx's
-# group on the image).
-worker_processes {settings.workers};
+# kiln's public endpoint, written by the kiln agent at every start and change. Holds the API keys: root's, 0600.
+{user}worker_processes {settings.workers};
 pid tmp/nginx.pid;
 error_log stderr warn;
 
@@ -66,12 +126,15 @@ http {{
     uwsgi_temp_path tmp/uwsgi;
     scgi_temp_path tmp/scgi;
 
-    map_hash_bucket_size 256;  # the key is longer than the default bucket
-    map $http_authorization $kiln_authorized {{
-        default 0;
-        "Bearer {api_key}" 1;
+    map_hash_bucket_size 256;  # a key is longer than the default bucket
+    map_hash_max_size 65536;
+    # The key's name, or "" for no key: only names travel further (to vLLM, for per-key metrics).
+    map $http_authorization $kiln_key {{
+        default "";
+{key_names}
     }}
-
+{rate_zones}
+    limit_req_status 429;
     limit_conn_zone $server_port zone=kiln_in_flight:1m;
 
     # The router listed once per try: nginx passes a request on to the "next" server only while no byte of the
@@ -80,10 +143,10 @@ http {{
 {servers}
         keepalive 128;
     }}
-
+{plain}
     server {{
-        listen {layout.public_host}:{layout.public_port} backlog=4096;
-
+{listen}
+{challenge if not tls else ""}
         error_page 401 @unauthorized;
         location @unauthorized {{
             add_header WWW-Authenticate 'Bearer realm="kiln"' always;
@@ -94,6 +157,10 @@ http {{
         limit_conn_status 429;
         error_page 429 @overloaded;
         location @overloaded {{
+            if ($limit_req_status = REJECTED) {{
+                add_header Retry-After 60 always;
+                return 429 {rate_limited};
+            }}
             add_header Retry-After {settings.retry_after_s} always;
             return 429 {overloaded};
         }}
@@ -118,13 +185,15 @@ http {{
         }}
 
         location ~ ^/v1/({paths})$ {{
-            if ($kiln_authorized = 0) {{
+            if ($kiln_key = "") {{
                 return 401;
             }}
+{rate_limits}
             proxy_pass http://kiln_router;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header Authorization "";
+            proxy_set_header {KEY_HEADER} $kiln_key;
             proxy_set_header X-Request-Id $request_id;
             proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;
             proxy_next_upstream_tries {RETRIES + 1};
@@ -136,7 +205,7 @@ http {{
         }}
 
         location / {{
-            if ($kiln_authorized = 0) {{
+            if ($kiln_key = "") {{
                 return 401;
             }}
             return 404 {not_found};

@@ -33,7 +33,7 @@ def _now_text() -> str:
 class AgentState:
     endpoint: str
     health: str
-    api_key_file: str
+    keys_file: str
     phase: str = DETECTING
     choice: dict[str, Any] = field(default_factory=dict)  # values, origins, problems; never the key
     plan: dict[str, Any] | None = None
@@ -47,6 +47,9 @@ class AgentState:
     download: dict[str, Any] | None = None  # the model download: repo, bytes done and total, rate, ETA
     cache: dict[str, Any] | None = None  # the cache disk: where, how much room, and why
     startup: dict[str, Any] = field(default_factory=dict)  # the agent's steps, and each instance's vLLM phases
+    tls: dict[str, Any] | None = None  # the certificate's mode, fingerprint, names and expiry; never the key
+    keys: list[dict[str, Any]] = field(default_factory=list)  # each key's name and rate limit; never the key
+    reload: dict[str, Any] | None = None  # the last `kiln reload`: when, and what it changed
     started_at: str = field(default_factory=_now_text)
 
     def __post_init__(self) -> None:
@@ -99,7 +102,10 @@ class AgentState:
             "phase": self.current_phase(),
             "endpoint": self.endpoint,
             "health": self.health,
-            "api_key_file": self.api_key_file,
+            "keys_file": self.keys_file,
+            "keys": self.keys,
+            "tls": self.tls,
+            "reload": self.reload,
             "started_at": self.started_at,
             "choice": self.choice,
             "plan": self.plan,

@@ -20,6 +20,7 @@ from kiln.serve.processes import ProcessSpec
 log = logging.getLogger("kiln.supervisor")
 
 STARTING, READY, UNRESPONSIVE, RESTARTING, STOPPED = "starting", "ready", "unresponsive", "restarting", "stopped"
+PENDING = "pending"  # added by a rolling change; the loop's own thread starts it
 
 
 class Process(Protocol):
@@ -29,6 +30,7 @@ class Process(Protocol):
     def pid(self) -> int: ...
     def exit_code(self) -> int | None: ...
     def signal_group(self, sig: int) -> None: ...
+    def reload(self) -> None: ...
     def terminate(self) -> None: ...
     def finish(self, deadline: float) -> int: ...
     def stop(self, grace_s: float = ...) -> int: ...
@@ -77,6 +79,7 @@ class Member:
     routed: bool = False
     last_exit: int | None = None
     last_error: str | None = None
+    retiring: bool = False  # being replaced by a rolling change: no restart, no probe, no route
 
     @property
     def name(self) -> str:
@@ -156,6 +159,42 @@ class Supervisor:
         with self._lock:
             return [m for m in self.instances if m.state == READY]
 
+    # -- a rolling change ---------------------------------------------------------------------------------------
+    def roll(self, new: list[Member], drain: Callable[[Member], None], ready_timeout_s: float) -> str | None:
+        """Replace the instances one at a time: out of routing, drained, stopped, its successor started and back
+        in routing before the next. None when done; else why it stopped (the instances not yet replaced serve)."""
+        old = list(self.instances)
+        for i in range(max(len(old), len(new))):
+            if i < len(old):
+                self._retire(old[i], drain)
+            if i < len(new):
+                member = new[i]
+                # Started by the loop's thread, never this one: a child's parent-death signal (PR_SET_PDEATHSIG)
+                # follows the thread that forked it, and this one ends with the change.
+                with self._lock:
+                    member.state, member.next_start = PENDING, self.clock()
+                    self.instances.insert(min(i, len(self.instances)), member)
+                deadline = time.monotonic() + ready_timeout_s
+                while not (member.state == READY and (member.routed or member.route_url is None)):
+                    if self._stop.is_set():
+                        return "stopping"
+                    if time.monotonic() > deadline:
+                        return f"{member.name} was not serving {ready_timeout_s:.0f} s after it started"
+                    time.sleep(self.settings.tick_s)
+        return None
+
+    def _retire(self, member: Member, drain: Callable[[Member], None]) -> None:
+        with self._lock:
+            member.retiring = True
+        self._unroute(member)
+        self._note(member, "out of routing for a rolling change; draining")
+        drain(member)
+        if member.running:
+            self._note(member, f"stopped for a rolling change (exit {member.running.stop(self.settings.stop_grace_s)})")
+        with self._lock:
+            member.state, member.running = STOPPED, None
+            self.instances.remove(member)
+
     # -- the loop ----------------------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.wait(self.settings.tick_s):
@@ -167,11 +206,13 @@ class Supervisor:
     def tick(self) -> None:
         now = self.clock()
         for member in self.members():
+            if member.retiring:
+                continue
             self._check_exit(member, now)
-            if member.state == RESTARTING and now >= member.next_start and not self._stop.is_set():
+            if member.state in (RESTARTING, PENDING) and now >= member.next_start and not self._stop.is_set():
                 self._launch(member, now)
         due = [m for m in self.members() if m.probe_url and m.running and m.state != RESTARTING
-               and now >= m.next_probe]
+               and now >= m.next_probe and not m.retiring]
         results = list(self._pool.map(lambda m: self.probe(m.probe_url or ""), due))
         now = self.clock()
         for member, ok in zip(due, results, strict=True):
@@ -240,7 +281,7 @@ class Supervisor:
         self._schedule_restart(member, now, why)
 
     def _route(self, member: Member) -> None:
-        if member.route_url is None or member.routed or not self._router_ready():
+        if member.route_url is None or member.routed or member.retiring or not self._router_ready():
             return
         try:
             self.routing.add(member.route_url)

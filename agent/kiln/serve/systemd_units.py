@@ -72,6 +72,9 @@ class Unit:
     def signal_group(self, sig: int) -> None:
         self.run(["kill", "--signal", str(sig), self.unit])
 
+    def reload(self) -> None:
+        self.run(["reload", self.unit])  # the unit's ExecReload=: SIGHUP to its main process
+
     def terminate(self) -> None:
         self.run(["stop", "--no-block", self.unit])
 
@@ -94,6 +97,11 @@ class SystemdUnits:
         self.dropins = dropins  # process name -> drop-in text
         self.run = run
         self.unit_dir = unit_dir
+        self._reloaded = False
+
+    def set_dropins(self, dropins: Mapping[str, str]) -> None:
+        """A new plan's drop-ins, written (with a daemon-reload) before its first instance starts."""
+        self.dropins = dropins
         self._reloaded = False
 
     def start(self, spec: ProcessSpec) -> Unit:

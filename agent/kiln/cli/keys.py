@@ -1,0 +1,169 @@
+"""`kiln keys list|show|add|rotate|revoke|limit` and `kiln reload`: change what the endpoint accepts without restarting
+anything. The store is root's; the agent re-reads it on SIGHUP and nginx reloads gracefully."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import requests
+
+from kiln.cli.output import print_json, table
+from kiln.errors import ConfigError, KilnError
+from kiln.serve.keys import KeyChangeError, KeyStore
+from kiln.serve.layout import HEALTH_PORT, ServeLayout
+from kiln.serve.secretfiles import load_keys, save_keys
+from kiln.wiring import Kiln
+
+RELOAD_WAIT_S = 60.0  # reading a new plan may ask the Hub
+
+
+def add_parsers(sub: Any) -> None:
+    keys = sub.add_parser("keys", help="the endpoint's named API keys (root): list, add, rotate, revoke")
+    ksub = keys.add_subparsers(dest="action", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir)
+    common.add_argument("--health", default=f"http://127.0.0.1:{HEALTH_PORT}", help="the agent's health endpoint")
+    common.add_argument("--json", action="store_true", help="print JSON for programs")
+    ksub.add_parser("list", parents=[common], help="each key's name, rate limit and origin (never the key)")
+    show = ksub.add_parser("show", parents=[common], help="print one key")
+    show.add_argument("name")
+    add = ksub.add_parser("add", parents=[common], help="a new key, printed once")
+    add.add_argument("name")
+    add.add_argument("--key", help="the key itself (default: a new random one)")
+    add.add_argument("--requests-per-minute", type=int, help="a rate limit for this key (429 beyond it)")
+    rotate = ksub.add_parser("rotate", parents=[common], help="replace a key; the old one stops working at once")
+    rotate.add_argument("name")
+    rotate.add_argument("--key", help="the new key (default: a new random one)")
+    revoke = ksub.add_parser("revoke", parents=[common], help="stop accepting a key")
+    revoke.add_argument("name")
+    limit = ksub.add_parser("limit", parents=[common], help="set or clear a key's requests per minute")
+    limit.add_argument("name")
+    limit.add_argument("requests_per_minute", help="a number, or none")
+
+    reload = sub.add_parser("reload", parents=[common], help="re-read /etc/kiln/kiln.yaml and the keys; nothing "
+                                                             "restarts for keys, rates or the certificate")
+    reload.add_argument("--renew-certificate", action="store_true",
+                        help="also renew the ACME certificate now, however long it has left")
+
+
+def _rate(text: str) -> int | None:
+    if text.lower() in ("none", "off", "0"):
+        return None
+    if not text.isdigit():
+        raise ConfigError(f"requests per minute must be a number or none, not {text!r}", fix="e.g. 60")
+    return int(text)
+
+
+def _agent_pid(state_dir: Path) -> int:
+    pid_file = ServeLayout(state_dir=state_dir).agent_pid_file
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError) as exc:
+        raise KilnError(f"no running kiln agent found ({pid_file}: {exc.__class__.__name__})",
+                        fix="start it: `systemctl start kiln-agent`; changes apply when it starts") from exc
+    if not psutil.pid_exists(pid) or "kiln" not in " ".join(psutil.Process(pid).cmdline()):
+        raise KilnError(f"the kiln agent of {pid_file} (pid {pid}) is not running",
+                        fix="start it: `systemctl start kiln-agent`; changes apply when it starts")
+    return pid
+
+
+def _last_reload(health: str) -> dict[str, Any] | None:
+    with contextlib.suppress(requests.RequestException, ValueError):
+        reload: dict[str, Any] | None = requests.get(f"{health.rstrip('/')}/status/reload",
+                                                     timeout=2).json().get("reload")
+        return reload
+    return None
+
+
+def signal_reload(state_dir: Path, health: str, renew: bool = False,
+                  until_planned: bool = True) -> dict[str, Any] | None:
+    """SIGHUP to the agent, then its report of the reload, with `applied_s`: the seconds from the signal until the
+    keys and the certificate were in force (None when it did not report in time). With `until_planned`, it also waits
+    for the agent to have re-read the plan, which a key change does not need."""
+    before = _last_reload(health)
+    pid = _agent_pid(state_dir)
+    signalled = time.monotonic()
+    if renew:
+        os.kill(pid, signal.SIGUSR1)
+    os.kill(pid, signal.SIGHUP)
+    applied: float | None = None
+    deadline = signalled + RELOAD_WAIT_S
+    while time.monotonic() < deadline:
+        now = _last_reload(health)
+        if now and now.get("at") and now != before:
+            applied = applied if applied is not None else time.monotonic() - signalled
+            if now.get("planned") or not until_planned:
+                return {**now, "applied_s": round(applied, 3)}
+        time.sleep(0.02)
+    return None
+
+
+def cmd_reload(_kiln: Kiln, args: argparse.Namespace) -> int:
+    report = signal_reload(args.state_dir, args.health, args.renew_certificate)
+    if args.json:
+        print_json({"reload": report})
+    elif report is None:
+        print(f"kiln reload: signalled the agent; no report within {RELOAD_WAIT_S:.0f} s (see `kiln status`)")
+    else:
+        rolling = " (a rolling change of the instances follows: `kiln status`)" if report.get("rolling") else ""
+        print(f"kiln reload: {', '.join(report.get('changed') or []) or 'nothing changed'}, applied "
+              f"{report['applied_s']:.2f} s after the signal{rolling}")
+    return 0 if report is not None else 1
+
+
+def cmd_keys(_kiln: Kiln, args: argparse.Namespace) -> int:
+    layout = ServeLayout(state_dir=args.state_dir)
+    store = load_keys(layout.keys_file, layout.api_key_file)
+    if args.action == "list":
+        rows = [k.public() for k in store.keys]
+        if args.json:
+            print_json({"keys": rows, "revoked": sorted(store.revoked)})
+        else:
+            print(table(["name", "requests/min", "origin"],
+                        [[str(r["name"]), str(r["requests_per_minute"] or "-"), str(r["origin"])] for r in rows]))
+        return 0
+    if args.action == "show":
+        key = store.get(args.name)
+        if key is None:
+            raise ConfigError(f"no key named {args.name!r}", fix=f"one of: {', '.join(store.names()) or '(none)'}")
+        if args.json:
+            print_json({"name": key.name, "key": key.secret})
+        else:
+            print(key.secret)
+        return 0
+    try:
+        changed = _change(store, args)
+    except KeyChangeError as exc:
+        raise ConfigError(str(exc), fix="`kiln keys list` shows the names") from exc
+    save_keys(layout.keys_file, changed)
+    report = None
+    with contextlib.suppress(KilnError):
+        report = signal_reload(args.state_dir, args.health, until_planned=False)
+    key = changed.get(args.name)
+    shown = key.secret if key and args.action in ("add", "rotate") else None
+    if args.json:
+        print_json({"name": args.name, "action": args.action, "key": shown, "applied": report is not None,
+                    "applied_s": report["applied_s"] if report else None})
+        return 0
+    if shown:
+        print(shown)
+    print(f"kiln keys: {args.action} {args.name}: " + (f"applied {report['applied_s']:.2f} s after the signal"
+                                                      if report else "saved; applies when the agent starts"))
+    return 0
+
+
+def _change(store: KeyStore, args: argparse.Namespace) -> KeyStore:
+    if args.action == "add":
+        return store.add(args.name, args.key, args.requests_per_minute)
+    if args.action == "rotate":
+        return store.rotate(args.name, args.key)
+    if args.action == "revoke":
+        return store.revoke(args.name)
+    return store.limit(args.name, _rate(args.requests_per_minute))

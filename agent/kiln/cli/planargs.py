@@ -1,0 +1,112 @@
+"""The options `kiln plan` and `kiln predict` share: the serving settings a user may fix, and the workload."""
+
+from __future__ import annotations
+
+import argparse
+
+from pydantic import ValidationError
+
+from kiln.choice.schema import Choice, validate_fields
+from kiln.errors import KilnError
+from kiln.perf.workload import PRESETS, Workload, WorkloadSpec, resolve
+
+
+def add_target_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--machine", help="a fixture name or a YAML/JSON machine file (default: this machine)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--profile", help="a profile name (`kiln profiles list`)")
+    which.add_argument("--model", help="a local model directory with config.json")
+
+
+def add_setting_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--objective", choices=["throughput", "latency"])
+    p.add_argument("--tp", type=int, dest="tensor_parallel_size", help="tensor-parallel size")
+    p.add_argument("--instances", type=int)
+    p.add_argument("--dp", type=int, dest="data_parallel_size", help="data-parallel engine ranks in each server")
+    p.add_argument("--expert-parallel", action="store_true", default=None,
+                   help="MoE: spread the experts over every GPU of the server (with --dp, or DP over all GPUs)")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"])
+    p.add_argument("--quantization", choices=["auto", "bf16", "fp8", "nvfp4", "mxfp4"])
+    p.add_argument("--speculative", choices=["on", "off"], help="speculative decoding (default: kiln decides)")
+
+
+def add_workload_options(p: argparse.ArgumentParser) -> None:
+    w = p.add_argument_group("workload", "the requests to plan for (default: the batch preset)")
+    w.add_argument("--workload", choices=sorted(PRESETS), help="a named workload: " + "; ".join(
+        f"{name}: {preset.workload.shape()}, {preset.workload.budget()}" for name, preset in PRESETS.items()))
+    w.add_argument("--input-len", type=int, help="mean prompt tokens")
+    w.add_argument("--output-len", type=int, help="mean generated tokens")
+    w.add_argument("--dataset", choices=["sharegpt"], help="a benchmark dataset's lengths instead")
+    w.add_argument("--prefix-len", type=int, help="leading prompt tokens every request shares")
+    load = w.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, help="requests in flight at once (closed loop)")
+    load.add_argument("--request-rate", help="requests per second (Poisson), or inf: all at once")
+    w.add_argument("--num-prompts", type=int, help="requests in all (default 1000, as vllm bench serve)")
+    w.add_argument("--ttft-ms", type=float, help="budget: time to first token, p90")
+    w.add_argument("--tpot-ms", type=float, help="budget: time per output token, p90")
+    w.add_argument("--min-tokens-per-s-per-user", type=float, help="budget: decode speed each user sees")
+
+
+WORKLOAD_FIELDS = ("input_len", "output_len", "dataset", "prefix_len", "concurrency", "request_rate", "num_prompts",
+                   "ttft_ms", "tpot_ms", "min_tokens_per_s_per_user")
+
+
+def workload_given(args: argparse.Namespace) -> bool:
+    return bool(args.workload) or any(getattr(args, name, None) is not None for name in WORKLOAD_FIELDS)
+
+
+def workload_spec(args: argparse.Namespace, base: WorkloadSpec | None = None) -> WorkloadSpec:
+    """The command line's workload, over `base` (user-data's `workload:`) field by field."""
+    given: dict[str, object] = dict(base.model_dump(exclude_none=True)) if base else {}
+    if args.workload:
+        given = {"preset": args.workload}
+    for name in WORKLOAD_FIELDS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if name == "request_rate":
+            value = "inf" if str(value).lower() == "inf" else _rate(str(value))
+            given.pop("concurrency", None)
+        if name == "concurrency":
+            given.pop("request_rate", None)
+        if name == "dataset":
+            given.pop("input_len", None)
+            given.pop("output_len", None)
+        if name in ("input_len", "output_len"):
+            given.pop("dataset", None)
+        given[name] = value
+    try:
+        return WorkloadSpec.model_validate(given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "--workload"
+        raise KilnError(f"workload: {first['msg']}", where=where, fix="see `kiln predict --help`") from exc
+
+
+def workload_from(args: argparse.Namespace, base: WorkloadSpec | None = None) -> Workload:
+    try:
+        return resolve(workload_spec(args, base))
+    except ValueError as exc:
+        raise KilnError(f"workload: {exc}", fix="see `kiln predict --help`") from exc
+
+
+def _rate(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise KilnError(f"--request-rate must be a number or inf, not {text!r}", fix="e.g. --request-rate 4") from None
+
+
+def plan_choice(args: argparse.Namespace) -> Choice:
+    given = {k: getattr(args, k) for k in ("objective", "tensor_parallel_size", "instances", "max_model_len",
+                                           "gpu_memory_utilization", "kv_cache_dtype", "quantization",
+                                           "data_parallel_size", "expert_parallel")}
+    if args.speculative:
+        given["speculative_decoding"] = args.speculative == "on"
+    layer = validate_fields({k: v for k, v in given.items() if v is not None}, source="command line")
+    if layer.problems:
+        first = layer.problems[0]
+        raise KilnError(first.what, where=f"--{first.field.replace('_', '-')}", fix=first.fix)
+    return Choice(**layer.values)

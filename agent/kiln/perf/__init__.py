@@ -1,0 +1,1 @@
+"""The performance engine: workloads, step times, the continuous-batching simulator and predictions."""

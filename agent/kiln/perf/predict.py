@@ -1,0 +1,193 @@
+"""What a plan delivers for a workload: its instances simulated under the workload's load. Pure.
+
+The numbers are those `vllm bench serve` prints: output and total tokens/s, requests/s, and TTFT, TPOT and
+ITL percentiles over the requests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.hardware.model import Machine
+from kiln.perf.simulate import Drafting, Limits, Load, Outcome, percentile, poisson_arrivals, simulate
+from kiln.perf.steps import Efficiency, Hardware, RooflineSteps, StepModel
+from kiln.perf.workload import Workload
+from kiln.planner import capacity as cap
+from kiln.planner.types import Constants, Plan
+from kiln.profiles.schema import Profile
+
+
+@dataclass(frozen=True)
+class Forecast:
+    engine: str
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    requests_per_s: float
+    tokens_per_s_per_user: float
+    ttft_ms: dict[str, float]
+    tpot_ms: dict[str, float]
+    itl_ms: dict[str, float]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def meets(self, workload: Workload) -> bool:
+        return not self.misses(workload)
+
+    def overruns(self, workload: Workload) -> list[tuple[str, float, float]]:
+        """The budget's terms this forecast breaks: (term, predicted ms, allowed ms)."""
+        out = []
+        if workload.ttft_ms is not None and self.ttft_ms["p90"] > workload.ttft_ms:
+            out.append(("TTFT p90", self.ttft_ms["p90"], workload.ttft_ms))
+        budget = workload.tpot_budget_ms
+        if budget is not None and self.tpot_ms["p90"] > budget:
+            out.append(("TPOT p90", self.tpot_ms["p90"], budget))
+        return out
+
+    def misses(self, workload: Workload) -> list[str]:
+        """The budget's terms this forecast breaks, each with the predicted number."""
+        return [f"{term} {predicted:,.1f} ms > {allowed:,.1f} ms"
+                for term, predicted, allowed in self.overruns(workload)]
+
+    def as_dict(self) -> dict[str, Any]:
+        def r(d: dict[str, float]) -> dict[str, float]:
+            return {k: round(v, 2) for k, v in d.items()}
+        return {"output_tokens_per_s": round(self.output_tokens_per_s, 1),
+                "total_tokens_per_s": round(self.total_tokens_per_s, 1),
+                "requests_per_s": round(self.requests_per_s, 3),
+                "tokens_per_s_per_user": round(self.tokens_per_s_per_user, 1),
+                "ttft_ms": r(self.ttft_ms), "tpot_ms": r(self.tpot_ms), "itl_ms": r(self.itl_ms),
+                "engine": self.engine, "notes": list(self.notes)}
+
+
+def efficiency(c: Constants, device: str, architecture: str | None = None) -> Efficiency:
+    """The calibrated fractions of peak; a GPU generation may reach more or less of its tensor cores' peak."""
+    roof = c.get("roofline") if device == "cuda" else c.get("cpu")
+    compute = roof.get("compute_efficiency_by_architecture", {}).get(architecture, roof["compute_efficiency"])
+    return Efficiency(memory=roof["memory_bandwidth_efficiency"], compute=compute,
+                      compute_moe=roof.get("moe_compute_efficiency", roof["compute_efficiency"]),
+                      step_overhead_s=roof["step_overhead_s"], overhead_per_layer_s=roof["overhead_per_layer_s"],
+                      overhead_per_seq_s=roof["overhead_per_seq_s"])
+
+
+def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Constants) -> Hardware:
+    """Peak figures of the GPUs (or CPU cores) one instance runs on."""
+    if not machine.gpus:
+        cpu = c.get("cpu")
+        return Hardware(cpu["memory_bandwidth_gb_s"] * 1e9 / instances,
+                        cpu["gflops_per_core"] * 1e9 * max(machine.host.cpu_count // instances, 1), 0.0, 1.0)
+    spec = machine.gpus[0].spec
+    key = {"nvfp4": "fp4", "mxfp4": "fp4", "int4": "bf16"}.get(precision, precision)
+    tflops = spec.tflops(key) or spec.tflops("bf16")
+    nvlink = machine.gpu_count > 1 and all(machine.linked(0, j) for j in range(machine.gpu_count))
+    link = "nvlink" if nvlink else "pcie"
+    link_gb_s = spec.nvlink_gb_s / 2 if nvlink and spec.nvlink_gb_s else c.get("roofline", "pcie_gb_s")
+    return Hardware(spec.memory_bandwidth_gb_s * 1e9, tflops * 1e12 if tflops else None,
+                    c.get("roofline", "allreduce_latency_s", link) if tp > 1 else 0.0, link_gb_s * 1e9)
+
+
+def drafting(plan: Plan, c: Constants) -> Drafting | None:
+    spec = plan.engine.speculative_config
+    if not spec:
+        return None
+    k = int(spec["num_speculative_tokens"])
+    acceptance = c.get("roofline", "acceptance_rate").get(spec["method"], 0.5)
+    return Drafting(k, cap.speculative_tokens_per_step(acceptance, k))
+
+
+def kiln_steps(plan: Plan, machine: Machine, profile: Profile, c: Constants) -> StepModel:
+    """kiln's own engine for this plan's instances."""
+    draft = drafting(plan, c)
+    e = plan.engine
+    return RooflineSteps(profile, plan.quantization, plan.tensor_parallel_size,
+                         plan.predicted.kv_bytes_per_token_per_gpu,
+                         hardware(machine, plan.quantization, plan.tensor_parallel_size, len(plan.instances), c),
+                         efficiency(c, e.device, machine.gpus[0].architecture.value if machine.gpus else None),
+                         draft.tokens if draft else 0,
+                         data_parallel=e.data_parallel_size, expert_parallel=e.enable_expert_parallel)
+
+
+def limits(plan: Plan) -> Limits:
+    """One scheduler's limits: vLLM gives each data-parallel rank its own max_num_seqs, token budget and KV."""
+    e = plan.engine
+    return Limits(e.max_num_seqs, e.max_num_batched_tokens,
+                  plan.predicted.kv_cache_tokens_per_instance // e.data_parallel_size, e.enable_prefix_caching)
+
+
+def loads(workload: Workload, instances: int) -> list[Load]:
+    """What each instance receives when the router spreads the workload evenly."""
+    out = []
+    for i in range(instances):
+        prompts = workload.num_prompts // instances + (1 if i < workload.num_prompts % instances else 0)
+        if workload.concurrency is not None:
+            conc = workload.concurrency // instances + (1 if i < workload.concurrency % instances else 0)
+            if conc == 0 or prompts == 0:
+                continue
+            out.append(Load(workload.input_len, workload.output_len, prompts, concurrency=conc,
+                            prefix_len=workload.prefix_len))
+        else:
+            rate = (workload.request_rate or math.inf) / instances
+            if prompts == 0:
+                continue
+            out.append(Load(workload.input_len, workload.output_len, prompts,
+                            arrivals=poisson_arrivals(rate, prompts, seed=i), prefix_len=workload.prefix_len))
+    return out
+
+
+def _summarize(engine: str, outcomes: list[Outcome], workload: Workload, notes: list[str]) -> Forecast:
+    duration = max(o.duration_s for o in outcomes)
+    output = sum(o.output_tokens for o in outcomes)
+    inputs = sum(o.input_tokens for o in outcomes)
+    completed = sum(o.completed for o in outcomes)
+    ttft = [t * 1000 for o in outcomes for t in o.ttft_s]
+    tpot = [t * 1000 for o in outcomes for t in o.tpot_s]
+    itl = [(t * 1000, w) for o in outcomes for t, w in o.itl]
+    tpot_p50 = percentile(tpot, 50)
+    if sum(o.preemptions for o in outcomes):
+        notes.append(f"the KV cache overflowed: {sum(o.preemptions for o in outcomes)} preemptions (recomputed)")
+    return Forecast(
+        engine=engine,
+        output_tokens_per_s=output / duration if duration else 0.0,
+        total_tokens_per_s=(output + inputs) / duration if duration else 0.0,
+        requests_per_s=completed / duration if duration else 0.0,
+        tokens_per_s_per_user=1000 / tpot_p50 if tpot_p50 else 0.0,
+        ttft_ms={"p50": percentile(ttft, 50), "p90": percentile(ttft, 90), "p99": percentile(ttft, 99)},
+        tpot_ms={"p50": tpot_p50, "p90": percentile(tpot, 90)},
+        itl_ms={"p50": percentile([v for v, _ in itl], 50, [w for _, w in itl])},
+        notes=tuple(notes),
+    )
+
+
+def forecast(plan: Plan, workload: Workload, steps: StepModel, c: Constants, emitted: float | None = None
+             ) -> Forecast:
+    """Simulate every instance of `plan` under its share of `workload` with `steps`' step times.
+
+    `emitted` replaces the tokens a verify step keeps on average, where the drafts' acceptance was measured."""
+    per_instance = loads(workload, len(plan.instances) * plan.engine.data_parallel_size)
+    if not per_instance:
+        raise ValueError("the workload sends no requests")
+    draft = drafting(plan, c)
+    if draft and emitted:
+        draft = Drafting(draft.tokens, float(emitted))
+    lim = limits(plan)
+    cache: dict[tuple[int | None, int, int], Outcome] = {}
+    outcomes = []
+    for load in per_instance:
+        key = (load.concurrency, load.num_prompts, len(load.arrivals)) if load.concurrency else None
+        if key is not None and key in cache:
+            outcomes.append(cache[key])
+            continue
+        outcome = simulate(steps, lim, load, draft)
+        if key is not None:
+            cache[key] = outcome
+        outcomes.append(outcome)
+    notes = []
+    if workload.dataset:
+        notes.append(f"{workload.dataset}: every request at the dataset's mean lengths; its spread widens the tails")
+    if draft:
+        notes.append(f"speculative decoding: {draft.emitted:.2f} tokens per verify step of {draft.tokens} drafts")
+    peak = max(o.peak_running for o in outcomes)
+    if workload.concurrency and peak < -(-workload.concurrency // len(per_instance)):
+        notes.append(f"requests queue: at most {peak} run at once per instance (max_num_seqs "
+                     f"{lim.max_num_seqs}, KV cache {lim.kv_tokens:,} tokens)")
+    return _summarize(steps.name, outcomes, workload, notes)

@@ -1,0 +1,141 @@
+"""How long one engine step takes: the interface every performance engine gives the simulator, and kiln's own
+engine, a roofline calibrated on public measurements. Pure.
+
+A vLLM step runs one forward pass over every scheduled token: one (or, verifying drafts, k+1) for each
+decoding sequence, plus the prompt chunks chunked prefill mixes in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from kiln.planner import capacity as cap
+from kiln.profiles.schema import Profile
+
+
+@dataclass(frozen=True)
+class Step:
+    decode_seqs: int
+    decode_context: float  # tokens in the KV cache of all decoding sequences together
+    prefill_tokens: int = 0
+    prefill_context: float = 0.0  # over prefilled tokens, the sum of the positions each attends to
+    tokens_per_seq: int = 1  # k + 1 when speculative decoding verifies k drafts
+
+    @property
+    def tokens(self) -> int:
+        return self.decode_seqs * self.tokens_per_seq + self.prefill_tokens
+
+
+class StepModel(Protocol):
+    """An engine's step time. `name` says which engine and data it is."""
+
+    @property
+    def name(self) -> str: ...
+
+    def seconds(self, step: Step) -> float: ...
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the roofline needs of the GPUs one instance runs on (or of the CPU cores)."""
+
+    bandwidth_bytes_s: float  # peak memory bandwidth per GPU
+    flops: float | None  # peak dense FLOP/s per GPU at the weights' precision
+    allreduce_latency_s: float
+    link_bytes_s: float  # one direction of the GPU-to-GPU link
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The calibrated fractions of peak, and the fixed cost of a step (data/planner.yaml `roofline`)."""
+
+    memory: float
+    compute: float
+    compute_moe: float  # the same for routed experts' grouped GEMMs, which reach far less of the peak
+    step_overhead_s: float  # scheduling, sampling, launches: what a step costs with no work in it
+    overhead_per_layer_s: float  # kernel launches and small ops per decoder layer
+    overhead_per_seq_s: float = 0.0  # per scheduled sequence: sampling, detokenizing, streaming its output
+
+
+@dataclass(frozen=True)
+class RooflineSteps:
+    """kiln's engine: a step is bounded by memory (weights read once, every sequence's KV cache) or by tensor
+    cores (2 FLOPs per active parameter per token, plus attention), plus the all-reduces of tensor parallelism
+    and a fixed cost per step."""
+
+    profile: Profile
+    precision: str
+    tp: int
+    kv_bytes_per_token_gpu: int
+    hardware: Hardware
+    efficiency: Efficiency
+    draft_tokens: int = 0  # k of speculative decoding; its draft passes run in every step that verifies
+    label: str = "kiln"
+    data_parallel: int = 1  # ranks stepping together (their MoE layers meet in the all-to-all)
+    expert_parallel: bool = False  # routed experts spread over tp x data_parallel GPUs
+
+    @property
+    def name(self) -> str:
+        return self.label
+
+    def _roof(self) -> cap.Roofline:
+        h, e = self.hardware, self.efficiency
+        return cap.Roofline(h.bandwidth_bytes_s * e.memory, h.flops * e.compute if h.flops else None,
+                            h.allreduce_latency_s, h.link_bytes_s)
+
+    def seconds(self, step: Step) -> float:
+        arch, roof = self.profile.architecture, self._roof()
+        tokens = step.tokens
+        weights = self._weights_read(max(tokens, 1))
+        # Decoding reads each sequence's cache once per step; a prefill chunk reads its own earlier cache.
+        prefill_reads = step.prefill_context / max(step.prefill_tokens, 1) if step.prefill_tokens else 0.0
+        kv = (step.decode_context + prefill_reads) * self.kv_bytes_per_token_gpu
+        memory_s = (weights + kv) / roof.bandwidth_bytes_s
+        compute_s = 0.0
+        if roof.flops:
+            expert = self._active_expert_params()
+            dense = tokens * 2 * (arch.params_active - expert) / self.tp
+            experts = tokens * 2 * expert / self.tp
+            width = arch.num_attention_heads * arch.head_dim
+            attention = 4 * arch.num_layers * width * (step.prefill_context + step.decode_context
+                                                       * step.tokens_per_seq) / self.tp
+            moe_flops = roof.flops / self.efficiency.compute * self.efficiency.compute_moe
+            compute_s = (dense + attention) / roof.flops + experts / moe_flops
+        comm_s = 2 * arch.num_layers * cap.allreduce_seconds(tokens, arch.hidden_size, self.tp, roof)
+        if self.expert_parallel and arch.moe is not None:
+            comm_s += self._all_to_all_seconds(tokens, roof)
+        e = self.efficiency
+        fixed = e.step_overhead_s + e.overhead_per_layer_s * arch.num_layers + e.overhead_per_seq_s * (
+            step.decode_seqs + (1 if step.prefill_tokens else 0))
+        draft_s = 0.0
+        if self.draft_tokens and step.tokens_per_seq > 1:
+            draft_s = cap.draft_seconds(self.profile, self.precision, self.tp, self.draft_tokens, roof) + (
+                self.draft_tokens * self.efficiency.overhead_per_layer_s)
+        return max(memory_s, compute_s) + comm_s + fixed + draft_s
+
+    def _active_expert_params(self) -> float:
+        """Parameters of the routed experts one token passes through."""
+        arch = self.profile.architecture
+        if arch.moe is None:
+            return 0.0
+        total = min(cap.expert_params(arch), arch.params_total)
+        return total * arch.moe.experts_per_token / arch.moe.num_experts
+
+    def _weights_read(self, tokens: int) -> float:
+        """Bytes of weights one GPU reads in a step: its tp share of everything, or with expert parallelism its
+        tp share of the dense layers plus its share of the experts that all ranks' tokens hit."""
+        if not self.expert_parallel:
+            return cap.active_weight_bytes(self.profile, self.precision, tokens) / self.tp
+        active = cap.active_weight_bytes(self.profile, self.precision, tokens * self.data_parallel)
+        dense = cap.weight_bytes(self.profile, self.precision) - cap.expert_weight_bytes(self.profile, self.precision)
+        return dense / self.tp + max(active - dense, 0.0) / (self.tp * self.data_parallel)
+
+    def _all_to_all_seconds(self, tokens: int, roof: cap.Roofline) -> float:
+        """Dispatch and combine in every MoE layer: each token's hidden state (bf16) to its k experts' ranks and
+        back, the share bound for other GPUs over one link direction, plus a latency like an all-reduce's."""
+        arch, moe = self.profile.architecture, self.profile.architecture.moe
+        assert moe is not None
+        ranks = self.tp * self.data_parallel
+        payload = tokens * moe.experts_per_token * arch.hidden_size * 2 * (ranks - 1) / ranks
+        return 2 * arch.num_layers * (2 * roof.allreduce_latency_s + payload / roof.link_bytes_s)

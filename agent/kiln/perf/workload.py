@@ -1,0 +1,172 @@
+"""The user's workload and latency budget: request shape, load and service levels. Pure.
+
+A workload is what `vllm bench serve` would send: requests of `input_len` prompt tokens and `output_len`
+generated tokens (means), either `concurrency` at a time (closed loop, a new request as one finishes) or
+`request_rate` per second (open loop, Poisson arrivals; infinite: all `num_prompts` at once).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# vLLM's `vllm bench serve` sends 1,000 prompts unless told otherwise (--num-prompts default).
+DEFAULT_NUM_PROMPTS = 1000
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A benchmark dataset's request lengths, as means."""
+
+    name: str
+    input_len: int
+    output_len: int
+    source: str
+
+
+DATASETS = {
+    # 1,000 requests from ShareGPT (Aeala/ShareGPT_Vicuna_unfiltered) through `vllm bench serve` with Llama 3.1's
+    # tokenizer: 229,711 input and 203,068 generated tokens.
+    "sharegpt": Dataset("sharegpt", 230, 203, "https://github.com/vllm-project/vllm/pull/18566"),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    input_len: int
+    output_len: int
+    concurrency: int | None = None  # closed loop
+    request_rate: float | None = None  # open loop, requests/s for the whole machine; math.inf: all at once
+    num_prompts: int = DEFAULT_NUM_PROMPTS
+    prefix_len: int = 0  # leading prompt tokens every request shares
+    dataset: str | None = None
+    ttft_ms: float | None = None  # p90 budget
+    tpot_ms: float | None = None  # p90 budget
+    min_tokens_per_s_per_user: float | None = None
+    preset: str | None = None
+
+    @property
+    def has_budget(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.min_tokens_per_s_per_user))
+
+    @property
+    def tpot_budget_ms(self) -> float | None:
+        """The tighter of the TPOT budget and the per-user speed, as milliseconds per token."""
+        limits = [v for v in (self.tpot_ms, 1000 / self.min_tokens_per_s_per_user
+                              if self.min_tokens_per_s_per_user else None) if v is not None]
+        return min(limits) if limits else None
+
+    @property
+    def load(self) -> str:
+        if self.concurrency is not None:
+            return f"concurrency {self.concurrency}"
+        if self.request_rate is not None and math.isinf(self.request_rate):
+            return f"{self.num_prompts} requests at once"
+        return f"{self.request_rate:g} requests/s"
+
+    def shape(self) -> str:
+        source = f"{self.dataset}: " if self.dataset else ""
+        prefix = f", {self.prefix_len:,} shared" if self.prefix_len else ""
+        return f"{source}{self.input_len:,} in{prefix} / {self.output_len:,} out, {self.load}"
+
+    def budget(self) -> str:
+        parts = []
+        if self.ttft_ms is not None:
+            parts.append(f"TTFT p90 <= {self.ttft_ms:g} ms")
+        if self.tpot_ms is not None:
+            parts.append(f"TPOT p90 <= {self.tpot_ms:g} ms")
+        if self.min_tokens_per_s_per_user is not None:
+            parts.append(f">= {self.min_tokens_per_s_per_user:g} tok/s per user")
+        return ", ".join(parts) or "no latency budget"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"preset": self.preset, "dataset": self.dataset, "input_len": self.input_len,
+                "output_len": self.output_len, "prefix_len": self.prefix_len, "concurrency": self.concurrency,
+                "request_rate": None if self.request_rate is None else (
+                    "inf" if math.isinf(self.request_rate) else self.request_rate),
+                "num_prompts": self.num_prompts, "ttft_ms_p90": self.ttft_ms, "tpot_ms_p90": self.tpot_ms,
+                "min_tokens_per_s_per_user": self.min_tokens_per_s_per_user}
+
+
+@dataclass(frozen=True)
+class Preset:
+    workload: Workload
+    why: str
+
+
+PRESETS: dict[str, Preset] = {
+    "batch": Preset(
+        Workload(1024, 1024, request_rate=math.inf, num_prompts=DEFAULT_NUM_PROMPTS, preset="batch"),
+        "offline or bulk work: 1,024 tokens in and out (the shape of the seeds' and most recipes' benchmarks), "
+        "every request sent at once, no latency budget; the highest output per machine wins. kiln's default."),
+    "chat": Preset(
+        Workload(DATASETS["sharegpt"].input_len, DATASETS["sharegpt"].output_len, concurrency=16,
+                 dataset="sharegpt", ttft_ms=500, tpot_ms=50, preset="chat"),
+        "people chatting: ShareGPT's request lengths (vLLM's own serving benchmark), 16 at a time (the top of the "
+        "DigitalOcean seed's 1-16 users), the first token within half a second and at least 20 tokens/s each, "
+        "faster than people read."),
+    "rag": Preset(
+        Workload(4096, 256, concurrency=32, ttft_ms=2000, tpot_ms=60, preset="rag"),
+        "retrieval-augmented answers: retrieved passages make long prompts (4,096 tokens) and short answers "
+        "(256), 32 at a time; the prefill dominates, so the first token may take 2 s."),
+    "agent": Preset(
+        Workload(10_000, 1000, concurrency=1, ttft_ms=1000, preset="agent"),
+        "an agent's tool loop: 10,000 tokens in as in the DeepSeek-V3.2 seed's test (Artificial Analysis), "
+        "1,000 out, one call at a time; sub-second TTFT and then the fastest tokens per user."),
+}
+DEFAULT_PRESET = "batch"
+
+
+class WorkloadSpec(BaseModel):
+    """`workload:` in user-data and the `--workload` options: a preset, and fields that override it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preset: Literal["batch", "chat", "rag", "agent"] | None = None
+    dataset: Literal["sharegpt"] | None = None
+    input_len: int | None = Field(default=None, ge=1, le=10_000_000)
+    output_len: int | None = Field(default=None, ge=1, le=1_000_000)
+    prefix_len: int | None = Field(default=None, ge=0, le=10_000_000)
+    concurrency: int | None = Field(default=None, ge=1, le=100_000)
+    request_rate: float | Literal["inf"] | None = Field(default=None, gt=0)
+    num_prompts: int | None = Field(default=None, ge=1, le=1_000_000)
+    ttft_ms: float | None = Field(default=None, gt=0, le=3_600_000)
+    tpot_ms: float | None = Field(default=None, gt=0, le=600_000)
+    min_tokens_per_s_per_user: float | None = Field(default=None, gt=0, le=100_000)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkloadSpec:
+        if self.concurrency is not None and self.request_rate is not None:
+            raise ValueError("give concurrency or request_rate, not both")
+        if self.dataset and (self.input_len or self.output_len):
+            raise ValueError("give dataset or input_len/output_len, not both")
+        if self.prefix_len and self.input_len is not None and self.prefix_len >= self.input_len:
+            raise ValueError(f"prefix_len ({self.prefix_len}) must be shorter than input_len ({self.input_len})")
+        return self
+
+
+def resolve(spec: WorkloadSpec | None) -> Workload:
+    """The workload a spec describes: its preset (default: batch) with the spec's fields over it."""
+    spec = spec or WorkloadSpec()
+    base = PRESETS[spec.preset or DEFAULT_PRESET].workload
+    if spec.dataset:
+        data = DATASETS[spec.dataset]
+        base = replace(base, dataset=data.name, input_len=data.input_len, output_len=data.output_len)
+    elif spec.input_len or spec.output_len:
+        base = replace(base, dataset=None)
+    rate = math.inf if spec.request_rate == "inf" else spec.request_rate
+    load: dict[str, object] = {}
+    if spec.concurrency is not None:
+        load = {"concurrency": spec.concurrency, "request_rate": None}
+    elif rate is not None:
+        load = {"concurrency": None, "request_rate": float(rate)}
+    named = {k: v for k, v in spec.model_dump().items()
+             if v is not None and k in ("input_len", "output_len", "prefix_len", "num_prompts", "ttft_ms",
+                                         "tpot_ms", "min_tokens_per_s_per_user")}
+    out = replace(base, **named, **load)  # type: ignore[arg-type]
+    if out.prefix_len >= out.input_len:
+        raise ValueError(f"prefix_len ({out.prefix_len}) must be shorter than input_len ({out.input_len})")
+    return out

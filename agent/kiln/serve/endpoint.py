@@ -1,0 +1,113 @@
+"""The public endpoint as the agent runs it: keys and certificate set at start, changed by a reload, the ACME
+certificate issued and renewed in the background. nginx re-reads its configuration gracefully after each change,
+so nothing restarts and no request in flight is cut. /status and the login message follow every change."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kiln.choice.resolve import ResolvedChoice
+from kiln.serve.acme import AcmeError, issue_certificate
+from kiln.serve.front import Front, TlsState
+from kiln.serve.state import AgentState
+
+log = logging.getLogger("kiln.agent")
+ACME_RETRY_S = 600.0  # after a failed ACME order: Let's Encrypt allows 5 failed validations an hour
+
+
+@dataclass
+class Endpoint:
+    front: Front
+    state: AgentState
+    advertised_host: str
+    tls_names: tuple[str, ...]  # besides the metadata's addresses
+    motd: Callable[[str], None]  # writes the login message
+    reload_proxy: Callable[[], None]  # SIGHUP to nginx's master
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # a reload and the ACME thread both write
+    _acme: threading.Thread | None = None
+    _acme_retry_at: float = 0.0
+
+    def configure(self, resolved: ResolvedChoice) -> TlsState:
+        """Keys and certificate from the choice, into nginx's configuration (nginx re-reads it on reload_proxy)."""
+        names = tuple(dict.fromkeys((*resolved.addresses, self.advertised_host, *self.tls_names)))
+        with self._lock:
+            keys = self.front.load_keys(resolved.choice.api_key, resolved.choice.api_keys)
+            tls = self.front.choose_tls(resolved.choice.tls, names)
+            self.front.write_config()
+        if tls.problem:
+            log.warning("%s", tls.problem.text())
+            self.state.fail(f"{tls.problem.source}: {tls.problem.field}: {tls.problem.what}", tls.problem.fix)
+        self.state.endpoint = self.front.layout.endpoint_url(self.advertised_host, tls.files is not None)
+        self.state.tls = tls.as_dict()
+        self.state.keys = [k.public() for k in keys.keys]
+        self.motd(self.motd_text())
+        return tls
+
+    def reload(self, resolved: ResolvedChoice) -> list[str]:
+        """Keys, rates and the certificate in force at once; what changed."""
+        self._acme_retry_at = 0.0  # a reload retries a failed ACME order at once
+        before = (self.front.keys, self.front.tls.info)
+        self.configure(resolved)
+        self.reload_proxy()
+        return [what for what, old, new in (("keys", before[0], self.front.keys),
+                                           ("certificate", before[1], self.front.tls.info)) if old != new]
+
+    def set_max_in_flight(self, requests: int) -> None:
+        """A new plan's queue bound (its instances' batch slots)."""
+        with self._lock:
+            self.front.settings = dataclasses.replace(self.front.settings, max_in_flight=requests)
+            self.front.write_config()
+        self.reload_proxy()
+
+    def motd_text(self) -> str:
+        tls = self.front.tls
+        lines = [f"kiln: OpenAI-compatible endpoint {self.state.endpoint}/v1 (`kiln status` for the model and health)",
+                 f"kiln: API keys: {', '.join(self.front.keys.names())} (`sudo kiln keys show NAME` prints one)"]
+        if tls.files and tls.info:
+            lines.append(f"kiln: TLS {tls.mode} certificate {tls.files.certificate}, SHA-256 {tls.info.sha256}"
+                         + (" (pin it: `kiln status --certificate`)" if tls.info.self_signed else ""))
+        elif not tls.files:
+            lines.append("kiln: TLS off: plain HTTP (safe only behind a load balancer that terminates TLS)")
+        return "\n".join(lines) + "\n"
+
+    # -- ACME --------------------------------------------------------------------------------------------------
+    def renew(self, force: bool = False) -> None:
+        """An ACME certificate, in the background: the first one after boot, then each renewal, or now when forced
+        (`kiln reload --renew-certificate`). Cheap to call."""
+        if self._acme and self._acme.is_alive():
+            return
+        if not force and (time.monotonic() < self._acme_retry_at or not self.front.acme_due()):
+            return
+        if force and self.front.tls.acme is None:
+            log.warning("TLS: nothing to renew: the certificate is not from ACME (tls: {domain: ...})")
+            return
+        self._acme = threading.Thread(target=self._issue, name="kiln-acme", daemon=True)
+        self._acme.start()
+
+    def _issue(self) -> None:
+        wanted, layout = self.front.tls.acme, self.front.layout
+        assert wanted is not None
+        log.info("TLS: asking %s for a certificate for %s", wanted.directory, wanted.domain)
+        try:
+            issued = issue_certificate(wanted.directory, wanted.domain, wanted.email, self.front.acme_account_key,
+                                       layout.acme_webroot, progress=lambda text: log.info("ACME: %s", text))
+        except AcmeError as exc:
+            self._acme_retry_at = time.monotonic() + ACME_RETRY_S
+            fix = (f"point {wanted.domain}'s DNS at this machine and keep port 80 open; kiln retries in "
+                   f"{ACME_RETRY_S / 60:.0f} minutes (or `kiln reload`)")
+            log.warning("TLS: no certificate from ACME: %s (fix: %s)", exc, fix)
+            self.state.fail(f"tls: ACME: {exc}", fix)
+            self.state.tls = {**(self.state.tls or {}), "problem": {"error": str(exc), "fix": fix}}
+            return
+        with self._lock:
+            tls = self.front.acme_issued(issued)
+            self.front.write_config()
+        self.reload_proxy()
+        self.state.tls = tls.as_dict()
+        self.motd(self.motd_text())
+        log.info("TLS: serving the ACME certificate for %s until %s", wanted.domain, issued.not_after.isoformat())

@@ -1,0 +1,119 @@
+"""The endpoint's named API keys. Pure values: what user-data declares, what `kiln keys` changed on the machine, and
+the one store both end in (kept root-only by the agent, in keys.json). Only names leave the store."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kiln.choice.schema import KEY_NAME, KEY_SECRET, NamedKey
+
+KEY_PREFIX = "kiln-"
+DEFAULT_NAME = "default"  # the single `api_key` of user-data, and the key kiln makes when none is given
+
+
+class KeyChangeError(ValueError):
+    """A key change that cannot be made: what is wrong, for the user."""
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    name: str
+    secret: str
+    requests_per_minute: int | None = None
+    origin: str = "kiln keys"  # user-data, kiln keys, generated
+
+    def public(self) -> dict[str, object]:
+        return {"name": self.name, "requests_per_minute": self.requests_per_minute, "origin": self.origin}
+
+
+@dataclass(frozen=True)
+class KeyStore:
+    keys: tuple[ApiKey, ...] = ()
+    revoked: frozenset[str] = field(default_factory=frozenset)  # names user-data may not bring back
+
+    def get(self, name: str) -> ApiKey | None:
+        return next((k for k in self.keys if k.name == name), None)
+
+    def names(self) -> list[str]:
+        return [k.name for k in self.keys]
+
+    def _put(self, key: ApiKey) -> KeyStore:
+        if not re.match(KEY_NAME, key.name):
+            raise KeyChangeError(f"key name {key.name!r} must be 1 to 32 lowercase letters, digits, - or _")
+        if not re.match(KEY_SECRET, key.secret) or not 16 <= len(key.secret) <= 256:
+            raise KeyChangeError("a key is 16 to 256 characters of letters, digits and ._~+-")
+        if any(k.secret == key.secret and k.name != key.name for k in self.keys):
+            raise KeyChangeError("that key is already in use under another name")
+        kept = tuple(k for k in self.keys if k.name != key.name)
+        return KeyStore(tuple(sorted((*kept, key), key=lambda k: k.name)), self.revoked - {key.name})
+
+    def add(self, name: str, secret: str | None = None, requests_per_minute: int | None = None) -> KeyStore:
+        if self.get(name):
+            raise KeyChangeError(f"a key named {name!r} exists; `kiln keys rotate {name}` replaces its key")
+        return self._put(ApiKey(name, secret or generate_key(), requests_per_minute))
+
+    def rotate(self, name: str, secret: str | None = None) -> KeyStore:
+        old = self.get(name)
+        if old is None:
+            raise KeyChangeError(f"no key named {name!r}")
+        return self._put(replace(old, secret=secret or generate_key(), origin="kiln keys"))
+
+    def limit(self, name: str, requests_per_minute: int | None) -> KeyStore:
+        old = self.get(name)
+        if old is None:
+            raise KeyChangeError(f"no key named {name!r}")
+        return self._put(replace(old, requests_per_minute=requests_per_minute))
+
+    def revoke(self, name: str) -> KeyStore:
+        if self.get(name) is None:
+            raise KeyChangeError(f"no key named {name!r}")
+        return KeyStore(tuple(k for k in self.keys if k.name != name), self.revoked | {name})
+
+    def with_declared(self, declared: Mapping[str, NamedKey]) -> KeyStore:
+        """User-data's keys, as it says them now, except the ones revoked on the machine."""
+        store = self
+        for name, spec in sorted(declared.items()):
+            if name in self.revoked:
+                continue
+            current = store.get(name)
+            wanted = ApiKey(name, spec.key, spec.requests_per_minute, "user-data")
+            # A key changed on the machine (`kiln keys rotate`) stays changed; user-data's own edits apply.
+            if current is None or (current.origin in ("user-data", "generated") and current != wanted):
+                store = store._put(wanted)
+        return store
+
+    def with_default(self) -> KeyStore:
+        """A first boot gets a key when none is declared; once keys were revoked on purpose, none is made again
+        (the endpoint then refuses every request until `kiln keys add`)."""
+        if self.keys or self.revoked:
+            return self
+        return self._put(ApiKey(DEFAULT_NAME, generate_key(), origin="generated"))
+
+    def to_json(self) -> str:
+        return json.dumps({"keys": [{"name": k.name, "key": k.secret, "requests_per_minute": k.requests_per_minute,
+                                     "origin": k.origin} for k in self.keys],
+                           "revoked": sorted(self.revoked)}, indent=2) + "\n"
+
+    @staticmethod
+    def from_json(text: str) -> KeyStore:
+        data: dict[str, Any] = json.loads(text)
+        keys = tuple(ApiKey(k["name"], k["key"], k.get("requests_per_minute"), k.get("origin", "kiln keys"))
+                     for k in data.get("keys", []))
+        return KeyStore(keys, frozenset(data.get("revoked", [])))
+
+
+def declared_keys(api_key: str | None, api_keys: Mapping[str, NamedKey] | None) -> dict[str, NamedKey]:
+    """user-data's `api_key` is the key named `default`, beside `api_keys`."""
+    declared = dict(api_keys or {})
+    if api_key:
+        declared.setdefault(DEFAULT_NAME, NamedKey(key=api_key))
+    return declared

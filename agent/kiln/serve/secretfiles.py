@@ -1,0 +1,66 @@
+"""Files only root reads: written atomically, never through a link, read without following one."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+from pathlib import Path
+
+from kiln.serve.keys import DEFAULT_NAME, ApiKey, KeyStore
+
+log = logging.getLogger("kiln.agent")
+
+
+def write_private(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write a file only its owner can read (or `mode`), atomically: it never exists with wider permissions."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    # A fresh file, never through a link someone left at the temporary name; replace() does not follow either.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+MAX_KEY_FILE_BYTES = 2**20  # the key store, a certificate chain
+
+
+def read_private(path: Path) -> str | None:
+    """A small regular file's text, never through a symbolic link: None when absent, or anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a link planted where the file should be
+        log.warning("ignoring %s: %s", path, exc.strerror)
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            log.warning("ignoring %s: not a regular file", path)
+            return None
+        return f.read(MAX_KEY_FILE_BYTES).decode("utf-8", errors="replace")
+
+
+def load_keys(path: Path, legacy_key_file: Path | None = None) -> KeyStore:
+    """The machine's key store; an earlier boot's single key (the api_key file) becomes the key named default."""
+    text = read_private(path)
+    if text is not None:
+        try:
+            return KeyStore.from_json(text)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("ignoring %s, which cannot be read (%s); keys from user-data and a new default key apply",
+                      path, exc)
+            return KeyStore()
+    old = (read_private(legacy_key_file) or "").strip() if legacy_key_file else ""
+    if old:
+        return KeyStore((ApiKey(DEFAULT_NAME, old, origin="generated"),))
+    return KeyStore()
+
+
+def save_keys(path: Path, store: KeyStore) -> None:
+    write_private(path, store.to_json())

@@ -1,0 +1,60 @@
+"""Fit kiln's roofline constants (data/planner.yaml `roofline`) to the public cases, and print the fit beside
+the constants in use.
+
+Run: .venv/bin/python -m benchmarks.perf_fit
+A grid over the compute efficiencies (dense, routed experts, per GPU generation) and the cost per
+sequence; the score is the share of cases within ±25%, then the median absolute error (the measures of
+benchmarks.perf_model_vs_public). The grid is coarse on purpose: the cases are mixed, and a finer grid
+would fit their noise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import sys
+from typing import Any
+
+from benchmarks.perf_model_vs_public import WITHIN, evaluate, load_cases
+from kiln.planner.types import Constants
+from kiln.wiring import Kiln
+
+GRID: dict[str, tuple[Any, ...]] = {
+    "compute_efficiency": (0.25, 0.3, 0.4),
+    "moe_compute_efficiency": (0.15, 0.2, 0.35),
+    "compute_efficiency_by_architecture": ({"ampere": 0.45}, {"ampere": 0.6}, {"ampere": 0.75}),
+    "overhead_per_seq_s": (0.00005,),
+}
+
+
+def score(kiln: Kiln, cases: list[dict[str, Any]]) -> tuple[float, float, int]:
+    errors = [e for e in (evaluate(kiln, c).error("kiln") for c in cases) if e is not None]
+    if not errors:
+        return 0.0, float("inf"), 0
+    return (sum(abs(e) <= WITHIN for e in errors) / len(errors), statistics.median(abs(e) for e in errors),
+            len(errors))
+
+
+def with_roofline(kiln: Kiln, values: dict[str, float]) -> Kiln:
+    data = {**kiln.constants.data, "roofline": {**kiln.constants.data["roofline"], **values}}
+    return Kiln(kiln.gpus, Constants(data), kiln.stack, kiln.profile_dir)
+
+
+def main() -> int:
+    kiln = Kiln.create()
+    cases = load_cases()
+    current = {k: kiln.constants.get("roofline", k) for k in GRID}
+    base = score(kiln, cases)
+    results = []
+    for combo in itertools.product(*GRID.values()):
+        values = dict(zip(GRID, combo, strict=True))
+        results.append((score(with_roofline(kiln, values), cases), values))
+    results.sort(key=lambda r: (-r[0][0], r[0][1]))
+    print(f"in use: {current}: {base[0]:.0%} within ±25%, median |error| {base[1]:.0%} ({base[2]} cases)")
+    for (within, median, n), values in results[:5]:
+        print(f"fit:    {values}: {within:.0%} within ±25%, median |error| {median:.0%} ({n} cases)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""kiln's performance model beside public measurements of vLLM, case by case, and each engine's accuracy.
+
+Run: .venv/bin/python -m benchmarks.perf_model_vs_public [--json] [--no-aiconfigurator]
+The cases (tests/data/perf_cases.yaml) are published `vllm bench serve` runs, each with its source and quote.
+For every usable case it prints the measured output tokens/s beside:
+- kiln: the continuous-batching simulator with kiln's calibrated step times (what `kiln predict` answers);
+- aic: AIConfigurator alone (its static-batch estimate at the case's batch), where it has the GPU and model;
+- roofline: the planner's former formula (one decode step at a typical batch, efficiencies 0.75/0.5).
+Then, per engine, the share of cases within ±25% and the median absolute error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiln import datafiles
+from kiln.perf.predict import Forecast, forecast, kiln_steps
+from kiln.perf.setup import Fixed, fixed_plan, machine_of
+from kiln.perf.workload import Workload
+from kiln.planner import capacity as cap
+from kiln.planner.types import Constants, Plan
+from kiln.profiles.schema import Profile
+from kiln.wiring import Kiln
+
+REPO = Path(__file__).resolve().parents[1]
+CASES = REPO / "tests" / "data" / "perf_cases.yaml"
+MODELS = REPO / "tests" / "data" / "perf_models"
+WITHIN = 0.25
+GIB = 2**30
+
+
+@dataclass
+class Row:
+    id: str
+    gpu: str
+    model: str
+    setup: str
+    workload: str
+    measured: float | None
+    measured_tpot_ms: float | None
+    source: str
+    metric: str = "output"  # output or total tokens/s
+    kiln: float | None = None
+    kiln_tpot_ms: float | None = None
+    aic: float | None = None
+    roofline: float | None = None
+    problem: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def error(self, engine: str) -> float | None:
+        predicted = getattr(self, engine)
+        if predicted is None or not self.measured:
+            return None
+        return float(predicted / self.measured - 1)
+
+
+def _profile(kiln: Kiln, case: dict[str, Any]) -> Profile | str:
+    key = case["model"]
+    names = kiln.catalog().profiles
+    if key in names:
+        return names[key]
+    path = MODELS / f"{key}.yaml"
+    if not path.is_file():
+        return f"no architecture for {key}"
+    data = yaml.safe_load(path.read_text())
+    arch = data["architecture"]
+    precision = case["precision"]
+    return Profile.model_validate({
+        "name": key, "model": {"hf_id": data.get("hf_id", case["hf_id"])}, "architecture": arch,
+        "checkpoints": {precision: {"hf_id": case["hf_id"]}},
+        "serving": {"max_model_len": arch["max_position_embeddings"]}})
+
+
+def _gpu_memory_gib(gpu: str) -> float:
+    return float(datafiles.read_yaml("gpus.yaml")["gpus"][gpu]["memory_gib"])
+
+
+def vllm_defaults(memory_gib: float, gpu: str) -> tuple[int, int]:
+    """vLLM's `vllm serve` defaults (max_num_seqs, max_num_batched_tokens) for a GPU's memory
+    (vllm/engine/arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args)."""
+    if memory_gib >= 160:
+        return 1024, 16384
+    if memory_gib >= 70 and not gpu.startswith("a100"):
+        return 1024, 8192
+    return 256, 2048
+
+
+def _speculative(case: dict[str, Any]) -> dict[str, object] | None:
+    spec = case.get("speculative")
+    if not spec or not isinstance(spec, dict) or not spec.get("method"):
+        return None
+    return {"method": spec["method"], "num_speculative_tokens": int(spec.get("num_speculative_tokens") or 1)}
+
+
+def setup_of(kiln: Kiln, case: dict[str, Any]) -> tuple[Plan, Profile, Any] | str:
+    profile = _profile(kiln, case)
+    if isinstance(profile, str):
+        return profile
+    spec = kiln.gpus.specs.get(case["gpu"])
+    if spec is None:
+        return f"no GPU class {case['gpu']}"
+    tp = int(case.get("tp") or 1)
+    replicas = int(case.get("instances") or 1) * int(case.get("dp") or 1)
+    memory = _gpu_memory_gib(case["gpu"])
+    seqs, batched = vllm_defaults(memory, case["gpu"])
+    w = case["workload"]
+    fixed = Fixed(precision=case["precision"], tp=tp, instances=replicas,
+                  kv_cache_dtype=case.get("kv_cache_dtype") or "auto",
+                  max_num_seqs=int(case.get("max_num_seqs") or seqs), max_num_batched_tokens=batched,
+                  max_model_len=max(int(w["input_len"]) + int(w["output_len"]), 4096),
+                  speculative=_speculative(case))
+    machine = machine_of(spec, tp * replicas, memory)
+    plan = fixed_plan(machine, profile, fixed, kiln.constants)
+    if isinstance(plan, str):
+        return plan
+    return plan, profile, machine
+
+
+def workload_of(case: dict[str, Any]) -> Workload:
+    w = case["workload"]
+    rate = w.get("request_rate")
+    concurrency = w.get("concurrency")
+    prompts = int(w.get("num_prompts") or concurrency or 1000)
+    if concurrency and (rate in (None, "inf") or (isinstance(rate, float) and math.isinf(rate))):
+        return Workload(int(w["input_len"]), int(w["output_len"]), concurrency=int(concurrency), num_prompts=prompts)
+    return Workload(int(w["input_len"]), int(w["output_len"]),
+                    request_rate=math.inf if rate in (None, "inf") else float(rate), num_prompts=prompts)
+
+
+def former_roofline(plan: Plan, profile: Profile, machine: Any, workload: Workload, c: Constants) -> float:
+    """The planner's former throughput formula: instances x batch / one step at the typical context."""
+    steps = kiln_steps(plan, machine, profile, c)
+    hw = steps.hardware  # type: ignore[attr-defined]
+    roof = cap.Roofline(hw.bandwidth_bytes_s * 0.75, hw.flops * 0.5 if hw.flops else None, hw.allreduce_latency_s,
+                        hw.link_bytes_s)
+    per_instance = max(1, -(-(workload.concurrency or workload.num_prompts) // len(plan.instances)))
+    batch = max(1, min(per_instance, plan.engine.max_num_seqs,
+                       plan.predicted.kv_cache_tokens_per_instance // (workload.input_len + workload.output_len)))
+    step = cap.decode_step_seconds(profile, plan.quantization, plan.tensor_parallel_size, batch,
+                                   workload.input_len + workload.output_len // 2,
+                                   plan.predicted.kv_bytes_per_token_per_gpu, roof,
+                                   prefill_per_seq=workload.input_len / workload.output_len)
+    return len(plan.instances) * batch / step
+
+
+def load_cases(path: Path = CASES) -> list[dict[str, Any]]:
+    return [c for c in yaml.safe_load(path.read_text())["cases"] if c.get("usable")]
+
+
+def lengths(case: dict[str, Any]) -> dict[str, Any]:
+    """The case's workload, with a dataset's mean lengths worked out from its published totals where the
+    source gives tokens/s and requests/s but not the lengths."""
+    w = dict(case["workload"])
+    m = case.get("measured") or {}
+    if (not w.get("input_len") or not w.get("output_len")) and m.get("request_throughput") and (
+            m.get("output_tokens_per_s") and m.get("total_tokens_per_s")):
+        w["output_len"] = round(m["output_tokens_per_s"] / m["request_throughput"])
+        w["input_len"] = round((m["total_tokens_per_s"] - m["output_tokens_per_s"]) / m["request_throughput"])
+    return w
+
+
+def measured_throughput(case: dict[str, Any], w: dict[str, Any]) -> tuple[str, float | None]:
+    """The figure to compare: output tokens/s, or what the source gives instead, converted exactly."""
+    m = case.get("measured") or {}
+    if m.get("output_tokens_per_s") and int(w.get("output_len") or 0) > 1:
+        return "output", float(m["output_tokens_per_s"])
+    if m.get("batch_e2e_latency_s") and w.get("concurrency") and w.get("output_len"):
+        # vLLM's benchmark_latency: one batch of `concurrency` requests, all generating output_len tokens.
+        return "output", int(w["concurrency"]) * int(w["output_len"]) / float(m["batch_e2e_latency_s"])
+    if m.get("total_tokens_per_s"):
+        return "total", float(m["total_tokens_per_s"])
+    if m.get("total_tokens_per_s_per_gpu"):
+        return "total", float(m["total_tokens_per_s_per_gpu"]) * int(case.get("gpus") or 1)
+    return "output", None
+
+
+def evaluate(kiln: Kiln, case: dict[str, Any]) -> Row:
+    w = lengths(case)
+    case = {**case, "workload": w}
+    metric, value = measured_throughput(case, w)
+    row = Row(case["id"], case["gpu"], case["model"], "", f"{w['input_len']}/{w['output_len']}", value,
+              (case.get("measured") or {}).get("tpot_ms_median"), case.get("source", ""), metric=metric)
+    missing = [k for k in ("input_len", "output_len") if not w.get(k)]
+    found = f"the source states no {' or '.join(missing)}" if missing else setup_of(kiln, case)
+    if isinstance(found, str):
+        row.problem = found
+        return row
+    plan, profile, machine = found
+    workload = workload_of(case)
+    spec = plan.engine.speculative_config
+    row.setup = (f"{len(plan.instances)}xTP{plan.tensor_parallel_size} {plan.quantization}"
+                 f"{' kv-fp8' if plan.kv_cache_dtype == 'fp8' else ''}{' spec' if spec else ''}")
+    row.workload += f" {workload.load}"
+    spec_case = case.get("speculative") or {}
+    result: Forecast = forecast(plan, workload, kiln_steps(plan, machine, profile, kiln.constants), kiln.constants,
+                                emitted=spec_case.get("acceptance_length") if isinstance(spec_case, dict) else None)
+    row.kiln = result.output_tokens_per_s if metric == "output" else result.total_tokens_per_s
+    row.kiln_tpot_ms = result.tpot_ms["p50"]
+    row.notes = list(result.notes)
+    former = former_roofline(plan, profile, machine, workload, kiln.constants)
+    row.roofline = former if metric == "output" else former * (workload.input_len + workload.output_len) / (
+        workload.output_len)
+    return row
+
+
+def summary(rows: list[Row], engine: str) -> dict[str, Any]:
+    errors = [e for e in (r.error(engine) for r in rows) if e is not None]
+    return _stats(engine, errors)
+
+
+def _stats(engine: str, errors: list[float]) -> dict[str, Any]:
+    if not errors:
+        return {"engine": engine, "cases": 0, "within_25": None, "median_abs_error": None}
+    return {"engine": engine, "cases": len(errors),
+            "within_25": sum(abs(e) <= WITHIN for e in errors) / len(errors),
+            "median_abs_error": statistics.median(abs(e) for e in errors)}
+
+
+def _fmt(v: float | None, ref: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f} ({v / ref:.2f}x)" if ref else f"{v:,.0f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-aiconfigurator", action="store_true", help="skip AIConfigurator's column")
+    args = parser.parse_args(argv)
+    kiln = Kiln.create()
+    cases = load_cases()
+    rows = [evaluate(kiln, c) for c in cases]
+    if not args.no_aiconfigurator:
+        from benchmarks.aic_alone import fill_aic  # noqa: PLC0415 - only when AIConfigurator is asked for
+        fill_aic(kiln, cases, rows)
+    engines = [summary(rows, e) for e in ("kiln", "aic", "roofline")]
+    covered = [r for r in rows if r.aic is not None]
+    both = [summary(covered, e) for e in ("kiln", "aic")]
+    timings = planner_timings(kiln)
+    if args.json:
+        print(json.dumps({"rows": [r.__dict__ for r in rows], "summary": engines, "where_aic_covers": both,
+                          "planner_s": timings}, indent=2))
+        return 0
+    header = f"{'case':9} {'gpu':6} {'model':24} {'setup':22} {'workload':26} {'measured':>13}  " \
+             f"{'kiln':>16} {'aic':>16} {'roofline':>16}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        if r.problem:
+            print(f"{r.id:9} {r.gpu:6} {r.model[:24]:24} not modeled: {r.problem}")
+            continue
+        print(f"{r.id:9} {r.gpu:6} {r.model[:24]:24} {r.setup[:22]:22} {r.workload[:26]:26} "
+              f"{r.metric[:3]} {r.measured or 0:>9,.0f}  {_fmt(r.kiln, r.measured):>16} {_fmt(r.aic, r.measured):>16} "
+              f"{_fmt(r.roofline, r.measured):>16}")
+    print()
+    by_gpu = Counter(r.gpu for r in rows if not r.problem)
+    print("cases per GPU: " + ", ".join(f"{g} {n}" for g, n in sorted(by_gpu.items())))
+    for s in engines:
+        if s["cases"]:
+            print(f"{s['engine']:9} {s['cases']:3} cases: {s['within_25']:.0%} within ±25%, "
+                  f"median |error| {s['median_abs_error']:.0%}")
+        else:
+            print(f"{s['engine']:9}   0 cases")
+    if covered:
+        print("on the cases AIConfigurator covers: " + "; ".join(
+            f"{s['engine']} {s['within_25']:.0%} within ±25%, median |error| {s['median_abs_error']:.0%}"
+            for s in both if s["cases"]))
+    print()
+    for what, seconds in timings.items():
+        print(f"planner search, {what}: {seconds:.2f} s")
+    return 0
+
+
+def planner_timings(kiln: Kiln) -> dict[str, float]:
+    """How long the boot's search takes on an 8-GPU machine, per workload preset (kiln's engine)."""
+    from kiln.choice.schema import Choice  # noqa: PLC0415
+    from kiln.perf.workload import PRESETS  # noqa: PLC0415
+    from kiln.planner.search import choose  # noqa: PLC0415
+
+    machine, profile = kiln.machine("h100x8"), kiln.catalog().get("llama-3.3-70b-instruct")
+    out = {}
+    for name, preset in PRESETS.items():
+        started = time.perf_counter()
+        choose(machine, profile, Choice(), preset.workload, kiln.constants,
+               lambda p: kiln_steps(p, machine, profile, kiln.constants))
+        out[f"llama-3.3-70b-instruct on h100x8, {name}"] = time.perf_counter() - started
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

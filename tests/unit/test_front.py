@@ -1,0 +1,256 @@
+"""The public front's keys and certificate: the pure parts, then real nginx with the rendered configuration before a
+small upstream standing in for the router, over TLS with the certificate pinned."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+
+from kiln.choice.schema import Choice, NamedKey, TlsAcme, validate_fields
+from kiln.serve.acme import Issued
+from kiln.serve.front import Front
+from kiln.serve.keys import KeyChangeError, KeyStore
+from kiln.serve.layout import ServeLayout
+from kiln.serve.proxy import ProxySettings, nginx_argv
+from kiln.serve.tls import CertificateError, check_pair, covers, inspect, make_self_signed
+
+NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.timezone.utc)
+
+
+# -- the pure parts --------------------------------------------------------------------------------------------
+def test_a_self_signed_certificate_names_the_machine_and_is_ecdsa() -> None:
+    cert, key = make_self_signed(["203.0.113.7", "2001:db8::7", "kiln-1"], NOW)
+    info = check_pair(cert, key, NOW)
+    assert set(info.names) == {"203.0.113.7", "2001:db8::7", "kiln-1"} and info.self_signed
+    assert len(info.sha256.split(":")) == 32
+    assert "BEGIN PRIVATE KEY" in key and info.not_after - NOW > dt.timedelta(days=800)
+    assert covers(info, ["203.0.113.7", "2001:DB8:0000::7"]) and not covers(info, ["198.51.100.1"])
+    assert not info.due(NOW) and info.due(info.not_after - dt.timedelta(days=29))
+
+
+def test_a_given_certificate_is_checked_before_nginx_gets_it() -> None:
+    cert, key = make_self_signed(["a.example"], NOW)
+    _, other_key = make_self_signed(["a.example"], NOW)
+    with pytest.raises(CertificateError, match="does not belong"):
+        check_pair(cert, other_key, NOW)
+    with pytest.raises(CertificateError, match="expired"):
+        check_pair(cert, key, NOW + dt.timedelta(days=900))
+    with pytest.raises(CertificateError, match="not PEM"):
+        inspect("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+
+
+def test_tls_and_named_keys_in_user_data() -> None:
+    layer = validate_fields({"tls": False, "api_keys": {"ci": "kiln-ci-key-0123456789",
+                                                        "team": {"key": "kiln-team-key-0123456789",
+                                                                 "requests_per_minute": 60}}}, source="user-data")
+    assert not layer.problems and layer.values["tls"] == "off"
+    assert layer.values["api_keys"]["team"].requests_per_minute == 60
+    acme = validate_fields({"tls": {"domain": "llm.example.com", "email": "ops@example.com"}}, source="u")
+    assert isinstance(acme.values["tls"], TlsAcme) and acme.values["tls"].renew_before_days == 30
+    bad = validate_fields({"tls": {"domain": "not a name"}, "api_keys": {"Bad Name": "kiln-x-0123456789abcdef"}},
+                          source="user-data")
+    assert {p.field for p in bad.problems} == {"tls", "api_keys"}
+    assert all("kiln-x-0123456789abcdef" not in p.what for p in bad.problems)  # keys never echoed
+
+
+def test_key_changes_on_the_machine_outlast_user_data() -> None:
+    declared = {"ci": NamedKey(key="kiln-ci-from-user-data-01")}
+    store = KeyStore().with_declared(declared).with_default()
+    assert store.names() == ["ci"]  # a declared key: no default is made
+    rotated = store.rotate("ci")
+    assert rotated.get("ci") != store.get("ci")
+    assert rotated.with_declared(declared) == rotated  # the next reload keeps the rotated key
+    revoked = rotated.revoke("ci")
+    assert revoked.with_declared(declared).names() == [] and revoked.with_default().names() == []
+    changed = store.with_declared({"ci": NamedKey(key="kiln-ci-new-in-user-data-1")})
+    assert changed.get("ci").secret == "kiln-ci-new-in-user-data-1"  # type: ignore[union-attr]
+    with pytest.raises(KeyChangeError, match="exists"):
+        store.add("ci")
+    with pytest.raises(KeyChangeError, match="another name"):
+        store.add("other", "kiln-ci-from-user-data-01")
+    assert KeyStore.from_json(store.add("x", requests_per_minute=5).to_json()).get("x").requests_per_minute == 5  # type: ignore[union-attr]
+
+
+# -- real nginx ------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Upstream(BaseHTTPRequestHandler):
+    """The router's stand-in: /v1/models echoes the key name nginx passed on; /v1/completions streams slowly."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        body = json.dumps({"key": self.headers.get("X-Kiln-Key"), "auth": self.headers.get("Authorization")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i in range(15):
+            data = f"data: {i}\n\n".encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+            time.sleep(0.2)
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@dataclass
+class Running:
+    front: Front
+    nginx: subprocess.Popen[bytes]
+    cert: str
+
+    @property
+    def base(self) -> str:
+        return f"https://127.0.0.1:{self.front.layout.public_port}"
+
+    def get(self, key: str, path: str = "/v1/models") -> requests.Response:
+        return requests.get(f"{self.base}{path}", headers={"Authorization": f"Bearer {key}"}, verify=self.cert,
+                            timeout=5)
+
+    def apply(self) -> None:
+        self.front.write_config()
+        self.nginx.send_signal(1)  # SIGHUP: what the agent's reload does
+
+
+@pytest.fixture
+def running(traversable_tmp: Path) -> Iterator[Running]:
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        pytest.skip("nginx is not installed (ci/setup.sh installs it)")
+    layout = ServeLayout(state_dir=traversable_tmp, public_host="127.0.0.1", public_port=_free_port(),
+                         http_port=_free_port(), router_port=_free_port(), health_port=_free_port())
+    upstream = ThreadingHTTPServer(("127.0.0.1", layout.router_port), Upstream)
+    upstream.daemon_threads = True
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    front = Front(layout, ProxySettings(max_in_flight=64))
+    front.load_keys("kiln-default-key-0123456789", {"ci": NamedKey(key="kiln-ci-key-0123456789",
+                                                                    requests_per_minute=6)})
+    tls = front.choose_tls("self-signed", ["127.0.0.1", "localhost"])
+    front.write_config()
+    assert tls.files is not None
+    proc = subprocess.Popen(list(nginx_argv(nginx, layout)), stderr=subprocess.DEVNULL)
+    run = Running(front, proc, str(tls.files.certificate))
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                run.get("x")
+                break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        yield run
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        upstream.shutdown()
+        upstream.server_close()
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion:DeprecationWarning")
+def test_https_with_the_certificate_pinned_and_port_80_redirects(running: Running) -> None:
+    reply = running.get("kiln-default-key-0123456789")
+    assert reply.status_code == 200 and reply.json() == {"key": "default", "auth": None}  # the key goes no further
+    assert reply.headers["Strict-Transport-Security"].startswith("max-age=")
+    with pytest.raises(requests.exceptions.SSLError):  # an unpinned client refuses the self-signed certificate
+        requests.get(f"{running.base}/v1/models", timeout=5)
+    plain = f"http://127.0.0.1:{running.front.layout.http_port}"
+    moved = requests.get(f"{plain}/v1/models", allow_redirects=False, timeout=5)
+    assert moved.status_code == 301 and moved.headers["Location"].startswith("https://127.0.0.1:")
+    token = running.front.layout.acme_webroot / ".well-known" / "acme-challenge" / "tok3n"
+    token.parent.mkdir(parents=True)
+    token.write_text("tok3n.thumbprint")
+    assert requests.get(f"{plain}/.well-known/acme-challenge/tok3n", timeout=5).text == "tok3n.thumbprint"
+    assert requests.get(f"{plain}/.well-known/acme-challenge/other", timeout=5).status_code == 404
+    for version in (ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1):
+        context = ssl.create_default_context(cafile=running.cert)
+        context.minimum_version = context.maximum_version = version
+        context.set_ciphers("ALL:@SECLEVEL=0")
+        with (socket.create_connection(("127.0.0.1", running.front.layout.public_port), timeout=5) as raw,
+              pytest.raises(ssl.SSLError)):
+            context.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def test_each_key_is_known_by_its_name_and_a_forged_name_is_replaced(running: Running) -> None:
+    reply = requests.get(f"{running.base}/v1/models", verify=running.cert, timeout=5,
+                         headers={"Authorization": "Bearer kiln-ci-key-0123456789", "X-Kiln-Key": "default"})
+    assert reply.json()["key"] == "ci"
+    assert running.get("kiln-unknown-key-0123456789").status_code == 401
+
+
+def test_a_keys_rate_limit_answers_429_with_retry_after(running: Running) -> None:
+    codes = [running.get("kiln-ci-key-0123456789").status_code for _ in range(3)]
+    assert codes == [200, 200, 429]  # 6 a minute: one now, one of burst, then wait
+    limited = running.get("kiln-ci-key-0123456789")
+    assert limited.headers["Retry-After"] == "60"
+    assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert running.get("kiln-default-key-0123456789").status_code == 200  # other keys are not limited
+
+
+def test_rotating_a_key_applies_within_a_second_and_keeps_the_stream_in_flight(running: Running) -> None:
+    old = "kiln-default-key-0123456789"
+    chunks: list[bytes] = []
+
+    def stream() -> None:
+        with requests.post(f"{running.base}/v1/completions", headers={"Authorization": f"Bearer {old}"}, json={},
+                           verify=running.cert, stream=True, timeout=30) as r:
+            chunks.extend(line for line in r.iter_lines() if line)
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    time.sleep(0.5)
+    running.front.keys = running.front.keys.rotate("default", "kiln-rotated-key-0123456789")
+    started = time.monotonic()
+    running.apply()
+    while running.get("kiln-rotated-key-0123456789").status_code != 200:
+        assert time.monotonic() - started < 1.0, "the rotated key was not accepted within a second"
+        time.sleep(0.02)
+    assert running.get(old).status_code == 401
+    reader.join(timeout=30)
+    assert chunks == [f"data: {i}".encode() for i in range(15)]  # the stream begun with the old key finished
+
+
+def test_an_acme_certificate_waits_behind_the_self_signed_one(tmp_path: Path) -> None:
+    front = Front(ServeLayout(state_dir=tmp_path), ProxySettings(max_in_flight=8), clock=lambda: NOW)
+    tls = front.choose_tls(TlsAcme(domain="llm.example.com"), ["203.0.113.7"])
+    assert tls.mode == "self-signed" and tls.acme is not None and front.acme_due()
+    assert Choice(tls="off").tls == "off"
+
+
+def test_a_renewal_window_longer_than_the_certificate_never_loops(tmp_path: Path) -> None:
+    now = [NOW]
+    front = Front(ServeLayout(state_dir=tmp_path), ProxySettings(max_in_flight=8), clock=lambda: now[0])
+    front.choose_tls(TlsAcme(domain="llm.example.com", renew_before_days=3650), ["203.0.113.7"])
+    cert, key = make_self_signed(["llm.example.com"], NOW, days=90)
+    info = inspect(cert)
+    tls = front.acme_issued(Issued(cert, key, info.not_after))
+    assert tls.mode == "acme" and not front.acme_due()  # just issued: not again at once
+    now[0] = info.not_after - dt.timedelta(days=29)  # within the last third of its 90 days
+    assert front.acme_due()

@@ -1,0 +1,155 @@
+"""Workloads, `kiln predict`'s contract, and the planner's choice from predictions."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from kiln.choice.resolve import ResolvedChoice
+from kiln.choice.schema import Choice, validate_fields
+from kiln.perf.predict import forecast, kiln_steps
+from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, WorkloadSpec, resolve
+from kiln.planner.plan import make_plan
+from kiln.planner.search import OUTPUT_TIE, Choosing, choose
+from kiln.planner.types import Plan, Refusal
+from kiln.render.vllm import Runtime
+from kiln.serve.decide import decide
+from kiln.wiring import Kiln
+
+KILN = str(Path(sys.executable).parent / "kiln")
+CONTRACT = {"output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "tokens_per_s_per_user", "ttft_ms",
+            "tpot_ms", "itl_ms", "engine", "notes"}
+
+
+def test_the_default_workload_is_the_planners_former_request_shape(kiln: Kiln) -> None:
+    default = resolve(None)
+    assert DEFAULT_PRESET == "batch" and default.preset == "batch"
+    planning = kiln.constants.get("planning")
+    assert (default.input_len, default.output_len) == (planning["typical_prompt_tokens"],
+                                                       planning["typical_output_tokens"])
+    assert default.request_rate == math.inf and not default.has_budget
+    assert all(p.why for p in PRESETS.values())
+
+
+def test_fields_override_a_preset_and_conflicts_are_refused() -> None:
+    chat = resolve(WorkloadSpec(preset="chat", concurrency=64))
+    assert (chat.dataset, chat.concurrency, chat.ttft_ms) == ("sharegpt", 64, 500)
+    rated = resolve(WorkloadSpec(preset="chat", request_rate=2.5))
+    assert rated.concurrency is None and rated.request_rate == 2.5
+    own = resolve(WorkloadSpec(preset="chat", input_len=3000))
+    assert own.dataset is None and own.input_len == 3000 and own.output_len == PRESETS["chat"].workload.output_len
+    with pytest.raises(ValidationError, match="concurrency or request_rate"):
+        WorkloadSpec(concurrency=4, request_rate=1.0)
+    with pytest.raises(ValidationError, match="prefix_len"):
+        WorkloadSpec(input_len=100, prefix_len=100)
+    assert Workload(1000, 100, tpot_ms=40, min_tokens_per_s_per_user=50).tpot_budget_ms == 20
+
+
+def test_user_data_takes_a_workload_and_reports_a_bad_one() -> None:
+    good = validate_fields({"workload": "agent"}, source="user-data")
+    assert not good.problems and good.values["workload"] == WorkloadSpec(preset="agent")
+    both = validate_fields({"workload": {"preset": "rag", "ttft_ms": 800}, "profile": "qwen3-8b"}, source="u")
+    assert both.values["workload"].ttft_ms == 800
+    bad = validate_fields({"workload": {"concurrency": 0}, "profile": "qwen3-8b"}, source="user-data")
+    assert [p.field for p in bad.problems] == ["workload"] and bad.values == {"profile": "qwen3-8b"}
+    assert "workload: {preset: chat" in bad.problems[0].fix
+
+
+def test_predict_json_is_the_contract_and_covers_every_instance(kiln: Kiln) -> None:
+    done = subprocess.run([KILN, "predict", "--machine", "h100x8", "--profile", "llama-3.3-70b-instruct", "--tp", "2",
+                           "--speculative", "off", "--input-len", "1024", "--output-len", "1024", "--concurrency",
+                           "256", "--num-prompts", "512", "--engine", "kiln", "--json"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    out = json.loads(done.stdout)
+    assert set(out) >= CONTRACT
+    assert set(out["ttft_ms"]) == {"p50", "p90", "p99"} and set(out["tpot_ms"]) == {"p50", "p90"}
+    assert out["setup"]["instances"] == 4 and out["setup"]["speculative_config"] is None
+    one = subprocess.run([KILN, "predict", "--machine", "h100x8", "--profile", "llama-3.3-70b-instruct", "--tp", "2",
+                          "--instances", "1", "--speculative", "off", "--input-len", "1024", "--output-len", "1024",
+                          "--concurrency", "64", "--num-prompts", "128", "--engine", "kiln", "--json"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    # Four instances at 64 each deliver about four times one instance at 64.
+    assert out["output_tokens_per_s"] == pytest.approx(4 * json.loads(one.stdout)["output_tokens_per_s"], rel=0.1)
+
+
+def test_predict_exits_2_with_the_reason_when_the_setup_does_not_fit() -> None:
+    done = subprocess.run([KILN, "predict", "--machine", "h100x1", "--profile", "llama-3.3-70b-instruct",
+                           "--quantization", "bf16", "--workload", "chat"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2 and "does not fit" in done.stderr
+
+
+def test_speculative_decodings_gain_shrinks_as_the_batch_fills(kiln: Kiln) -> None:
+    machine, profile = kiln.machine("h100x8"), kiln.profile("llama-3.3-70b-instruct", None)
+
+    def output(spec: bool, concurrency: int) -> float:
+        plan = make_plan(machine, profile, Choice(tensor_parallel_size=2, speculative_decoding=spec), kiln.constants)
+        assert isinstance(plan, Plan)
+        work = Workload(1024, 512, concurrency=concurrency, num_prompts=4 * concurrency)
+        return forecast(plan, work, kiln_steps(plan, machine, profile, kiln.constants), kiln.constants
+                        ).output_tokens_per_s
+
+    light, full = output(True, 4) / output(False, 4), output(True, 512) / output(False, 512)
+    assert light > 1.5 and full < light / 1.5  # verifying drafts costs tensor-core time that a full batch lacks
+
+
+def test_the_search_meets_the_budget_and_explains_with_predictions(kiln: Kiln) -> None:
+    machine, profile = kiln.machine("h100x8"), kiln.profile("llama-3.3-70b-instruct", None)
+    work = resolve(WorkloadSpec(preset="chat"))
+    found = choose(machine, profile, Choice(), work, kiln.constants,
+                   lambda p: kiln_steps(p, machine, profile, kiln.constants))
+    assert isinstance(found, Choosing) and found.chosen.forecast.meets(work)
+    assert found.alternatives and all(
+        found.chosen.forecast.output_tokens_per_s >= o.forecast.output_tokens_per_s * (1 - OUTPUT_TIE)
+        for o in found.alternatives if o.forecast.meets(work))
+    text = "\n".join(found.explanation)
+    assert "Speculative decoding" in text and "x the output" in text and "Beaten:" in text
+
+
+def test_an_impossible_budget_is_refused_with_the_closest_setup_and_what_would_meet_it(kiln: Kiln) -> None:
+    machine, profile = kiln.machine("h100x1"), kiln.profile("llama-3.1-8b-instruct", None)
+    work = Workload(16_000, 256, concurrency=64, ttft_ms=300, num_prompts=128)
+    found = choose(machine, profile, Choice(), work, kiln.constants,
+                   lambda p: kiln_steps(p, machine, profile, kiln.constants), kiln.fixtures())
+    assert isinstance(found, Refusal)
+    assert "the closest" in found.reason and "TTFT p90" in found.reason
+    assert any(s.startswith("a looser budget") for s in found.suggestions)
+
+
+def test_the_boot_plans_for_the_user_data_workload(kiln: Kiln) -> None:
+    runtime = Runtime()
+    plain = decide(kiln, "h100x8", ResolvedChoice(Choice(profile="llama-3.3-70b-instruct"), {}), runtime)
+    chat = decide(kiln, "h100x8", ResolvedChoice(Choice(profile="llama-3.3-70b-instruct",
+                                                        workload=WorkloadSpec(preset="chat")), {}), runtime)
+    assert plain.plan is not None and chat.plan is not None and not chat.problems
+    assert any(line.startswith("Workload: sharegpt") for line in chat.plan.explanation)
+    impossible = decide(kiln, "h100x1", ResolvedChoice(Choice(
+        profile="llama-3.1-8b-instruct", workload=WorkloadSpec(input_len=16_000, output_len=256, concurrency=64,
+                                                               ttft_ms=300)), {}), runtime)
+    assert impossible.plan is not None  # served anyway, with the throughput plan
+    assert [p.field for p in impossible.problems] == ["workload"]
+    assert "serving the plan with the most output instead" in impossible.problems[0].what
+
+
+def test_plan_for_a_workload_lists_what_it_beat_and_draws_them(tmp_path: Path) -> None:
+    png = tmp_path / "front.png"
+    done = subprocess.run([KILN, "plan", "--machine", "h200x8", "--profile", "deepseek-v3.2", "--workload", "batch",
+                           "--engine", "kiln", "--plot", str(png), "--json"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    out = json.loads(done.stdout)
+    assert out["workload"]["preset"] == "batch" and set(out["predicted_for_workload"]) >= CONTRACT
+    assert out["alternatives"] and all(set(a["predicted"]) >= CONTRACT for a in out["alternatives"])
+    chosen = out["predicted_for_workload"]["output_tokens_per_s"]
+    assert all(a["predicted"]["output_tokens_per_s"] <= chosen / (1 - OUTPUT_TIE) for a in out["alternatives"])
+    # DeepSeek-V3.2 as its recipe serves it: data parallel over the 8 GPUs with the experts spread over all.
+    assert any(a["data_parallel_size"] == 8 and a["enable_expert_parallel"] for a in
+               [*out["alternatives"], {"data_parallel_size": out["instances"][0]["data_parallel_size"],
+                                       "enable_expert_parallel": "--enable-expert-parallel" in
+                                       out["instances"][0]["argv"]}])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
