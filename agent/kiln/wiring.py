@@ -28,6 +28,7 @@ from kiln.hardware.specs import GpuCatalog
 from kiln.hardware.system import LiveSystem, RecordedSystem, SystemFacts
 from kiln.perf.aiconfigurator import AiConfigurator
 from kiln.perf.aiconfigurator import find as aiconfigurator_find
+from kiln.planner.cluster import Network
 from kiln.planner.types import Constants
 from kiln.profiles.catalog import Catalog, find_profile_dir, load_catalog
 from kiln.profiles.hf_config import profile_from_model_dir
@@ -49,6 +50,20 @@ class Kiln:
     def aiconfigurator(self) -> AiConfigurator | None:
         """NVIDIA AIConfigurator in its own virtualenv, when installed (bash ci/aiconfigurator.sh)."""
         return aiconfigurator_find(Path(__file__).resolve().parents[2])
+
+    def network(self, name: str | None = None, gbps: float | None = None) -> Network:
+        """A link between droplets (data/network.yaml); `gbps` replaces its bandwidth (a fabric's contract)."""
+        data = datafiles.read_yaml("network.yaml")
+        name = name or data["default"]
+        if name not in data["networks"]:
+            raise ConfigError(f"unknown network {name!r}", fix=f"use one of: {', '.join(data['networks'])}")
+        link = data["networks"][name]
+        speed = gbps or link["gbps"]
+        if not speed:
+            raise ConfigError(f"DigitalOcean publishes no bandwidth for the {name} network",
+                              fix="give the figure your contract states with --inter-node-gbps")
+        return Network(name=name, gbps=float(speed), latency_us=float(link["latency_us"]),
+                       source=" ".join(str(link["source"]).split()[:1]))
 
     def catalog(self) -> Catalog:
         return load_catalog(self.profile_dir or find_profile_dir(), self.gpus.specs)

@@ -35,6 +35,14 @@ def test_cost_per_million_output_tokens() -> None:
     assert summarize(16, {**RAW, "output_throughput": 0.0}, 3.0)["usd_per_million_output_tokens"] is None
 
 
+def test_a_level_keeps_the_distinct_reasons_its_requests_failed() -> None:
+    errors = ["", "Bad Request: prompt too long", "", "Bad Request: prompt too long", "ServerDisconnectedError", ""]
+    level = summarize(4, {**RAW, "failed": 3, "errors": errors}, None)
+    assert level["failed"] == 3
+    assert level["errors"] == ["Bad Request: prompt too long", "ServerDisconnectedError"]
+    assert summarize(4, RAW, None)["errors"] == []
+
+
 def test_the_seeds_figures_as_ratios() -> None:
     # DigitalOcean's post: 2,000 vs 823 tok/s, TTFT 187.9 vs 316.8 ms, on the same machine and price.
     kiln = summarize(64, {**RAW, "p50_ttft_ms": 187.9}, 6.74)

@@ -62,8 +62,8 @@ class VllmBench:
         with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
             argv = [self.python, "-c", RUNNER, "--backend", "openai", "--base-url", target.base_url,
                     "--endpoint", "/v1/completions", "--model", target.model, "--tokenizer", target.tokenizer,
-                    "--ready-check-timeout-sec", "0", "--disable-tqdm", "--save-result", "--result-dir", tmp,
-                    "--result-filename", "result.json", *workload]
+                    "--ready-check-timeout-sec", "0", "--disable-tqdm", "--save-result", "--save-detailed",
+                    "--result-dir", tmp, "--result-filename", "result.json", *workload]
             child_env = {**os.environ, **(env or {}), "VLLM_NO_USAGE_STATS": "1"}
             if target.api_key:
                 child_env["OPENAI_API_KEY"] = target.api_key

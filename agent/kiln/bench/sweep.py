@@ -47,6 +47,18 @@ class SweepSpec:
                 ",".join(map(str, PERCENTILES)), *self.slo.flags()]
 
 
+def _distinct_errors(errors: list[str], keep: int = 3) -> list[str]:
+    """The first few different reasons requests failed (vLLM's client records one per request, most empty)."""
+    out: list[str] = []
+    for error in errors:
+        text = " ".join(str(error).split())[:300]
+        if text and text not in out:
+            out.append(text)
+        if len(out) == keep:
+            break
+    return out
+
+
 def summarize(concurrency: int, raw: dict[str, Any], usd_per_hour: float | None) -> dict[str, Any]:
     """One level: throughput, latency percentiles, goodput and cost, from vLLM's result."""
     out_tps = float(raw.get("output_throughput") or 0.0)
@@ -57,6 +69,7 @@ def summarize(concurrency: int, raw: dict[str, Any], usd_per_hour: float | None)
         "goodput_requests_per_s": None if raw.get("request_goodput") is None else round(raw["request_goodput"], 3),
         "completed": raw.get("completed"),
         "failed": raw.get("failed", 0),
+        "errors": _distinct_errors(raw.get("errors") or []),
     }
     for metric, name in METRICS.items():
         level[name] = {f"p{p}": round(float(raw.get(f"p{p}_{metric}_ms") or 0.0), 2) for p in PERCENTILES}

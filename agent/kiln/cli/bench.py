@@ -106,6 +106,9 @@ class ProgressBar:
             print(f"\r{line:<110}", end="" if done < total else "\n", file=sys.stderr, flush=True)
         elif level:
             print(line, file=sys.stderr, flush=True)
+        if level and level.get("failed"):
+            print(f"kiln bench: {level['failed']} request(s) failed at concurrency {level['concurrency']}: "
+                  + " | ".join(level.get("errors") or ["no reason recorded"]), file=sys.stderr, flush=True)
 
 
 def _sweep(target: Target, spec: SweepSpec, client: VllmBench, usd: float | None, label: str,

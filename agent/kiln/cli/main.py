@@ -18,7 +18,7 @@ from kiln.choice.resolve import resolve_choice
 from kiln.choice.schema import SECRET_FIELDS
 from kiln.choice.select import select_profile
 from kiln.choice.sources import SourceReader
-from kiln.cli import bench, doctor, image, keys, models, planargs, predict, serving
+from kiln.cli import bench, cluster, doctor, fleet, image, keys, models, planargs, predict, serving
 from kiln.cli.output import print_json, table
 from kiln.cli.views import machine_dict, machine_text, plan_dict, plan_text, profile_row
 from kiln.errors import KilnError
@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="vLLM command: the image's `vllm serve`, or `python -m` for a source checkout")
     plan.add_argument("--models-dir", default=Runtime.models_dir, help="where locally made models live")
     plan.add_argument("--systemd", action="store_true", help="print the instances as systemd units")
+    cluster.add_options(plan)
     _add_json(plan)
 
     choice = sub.add_parser("choice", help="show the user's choice as the agent reads it at boot")
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_parsers(sub)
     keys.add_parsers(sub)
     predict.add_parsers(sub)
+    fleet.add_parsers(sub)
     return parser
 
 
@@ -150,6 +152,8 @@ def cmd_profiles(kiln: Kiln, args: argparse.Namespace) -> int:
 
 
 def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
+    if args.nodes:
+        return cluster.cmd_plan_nodes(kiln, args)
     machine = kiln.machine(args.machine)
     profile = kiln.profile(args.profile, args.model)
     choice = planargs.plan_choice(args)
@@ -216,7 +220,8 @@ def cmd_choice(kiln: Kiln, args: argparse.Namespace) -> int:
 COMMANDS = {"detect": cmd_detect, "profiles": cmd_profiles, "plan": cmd_plan, "choice": cmd_choice,
             "agent": serving.cmd_agent, "up": serving.cmd_up, "status": serving.cmd_status, "bench": bench.cmd_bench,
             "image": image.cmd_image, "doctor": doctor.cmd_doctor, "models": models.cmd_models,
-            "keys": keys.cmd_keys, "reload": keys.cmd_reload, "predict": predict.cmd_predict}
+            "keys": keys.cmd_keys, "reload": keys.cmd_reload, "predict": predict.cmd_predict,
+            "fleet": fleet.cmd_fleet}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -108,10 +108,11 @@ def kiln_steps(plan: Plan, machine: Machine, profile: Profile, c: Constants) -> 
 
 
 def limits(plan: Plan) -> Limits:
-    """One scheduler's limits: vLLM gives each data-parallel rank its own max_num_seqs, token budget and KV."""
+    """One scheduler's limits: vLLM gives each data-parallel rank its own max_num_seqs, token budget and KV; a
+    pipeline keeps one batch in flight per stage, which share the rank's sequences and KV cache."""
     e = plan.engine
-    return Limits(e.max_num_seqs, e.max_num_batched_tokens,
-                  plan.predicted.kv_cache_tokens_per_instance // e.data_parallel_size, e.enable_prefix_caching)
+    return Limits(max(e.max_num_seqs // e.pipeline_parallel_size, 1), e.max_num_batched_tokens,
+                  plan.predicted.kv_cache_tokens_per_instance // e.schedulers, e.enable_prefix_caching)
 
 
 def loads(workload: Workload, instances: int) -> list[Load]:
@@ -163,7 +164,7 @@ def forecast(plan: Plan, workload: Workload, steps: StepModel, c: Constants, emi
     """Simulate every instance of `plan` under its share of `workload` with `steps`' step times.
 
     `emitted` replaces the tokens a verify step keeps on average, where the drafts' acceptance was measured."""
-    per_instance = loads(workload, len(plan.instances) * plan.engine.data_parallel_size)
+    per_instance = loads(workload, len(plan.instances) * plan.engine.schedulers)
     if not per_instance:
         raise ValueError("the workload sends no requests")
     draft = drafting(plan, c)

@@ -74,6 +74,8 @@ class RooflineSteps:
     label: str = "kiln"
     data_parallel: int = 1  # ranks stepping together (their MoE layers meet in the all-to-all)
     expert_parallel: bool = False  # routed experts spread over tp x data_parallel GPUs
+    # Across nodes the all-to-all runs at the network's pace, not NVLink's: (bytes/s per GPU, latency), or None.
+    all_to_all_link: tuple[float, float] | None = None
 
     @property
     def name(self) -> str:
@@ -138,4 +140,27 @@ class RooflineSteps:
         assert moe is not None
         ranks = self.tp * self.data_parallel
         payload = tokens * moe.experts_per_token * arch.hidden_size * 2 * (ranks - 1) / ranks
-        return 2 * arch.num_layers * (2 * roof.allreduce_latency_s + payload / roof.link_bytes_s)
+        link_bytes_s, latency_s = self.all_to_all_link or (roof.link_bytes_s, roof.allreduce_latency_s)
+        return 2 * arch.num_layers * (2 * latency_s + payload / link_bytes_s)
+
+
+@dataclass(frozen=True)
+class PipelineSteps:
+    """Pipeline parallelism across nodes: a batch passes every stage in turn, so its step takes the whole model's
+    time (`stage` models all layers at the stage's tensor-parallel width) plus one hand-over of the hidden states
+    between consecutive stages. vLLM keeps one batch in flight per stage, which `EngineSettings.schedulers`
+    counts, so the stages stay busy."""
+
+    stage: StepModel
+    stages: int
+    hidden_size: int
+    link_bytes_s: float  # between nodes, per node
+    latency_s: float
+
+    @property
+    def name(self) -> str:
+        return self.stage.name
+
+    def seconds(self, step: Step) -> float:
+        hand_over = self.latency_s + step.tokens * self.hidden_size * 2 / self.link_bytes_s
+        return self.stage.seconds(step) + (self.stages - 1) * hand_over

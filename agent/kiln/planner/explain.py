@@ -23,6 +23,7 @@ class Option:
         spec = e.speculative_config
         drafts = f"speculative k={spec['num_speculative_tokens']}" if spec else "no speculative decoding"
         split = f"TP{e.tensor_parallel_size}" + (f" x DP{e.data_parallel_size}" if e.data_parallel_size > 1 else "")
+        split += f" x PP{e.pipeline_parallel_size}" if e.pipeline_parallel_size > 1 else ""
         split += " + EP" if e.enable_expert_parallel else ""
         return (f"{len(self.plan.instances)} x {split} {self.plan.quantization}, {drafts}, max_num_seqs "
                 f"{e.max_num_seqs}, max_num_batched_tokens {e.max_num_batched_tokens}")

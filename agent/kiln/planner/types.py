@@ -53,10 +53,12 @@ class EngineSettings:
     device: str  # cuda | cpu
     data_parallel_size: int = 1  # engine ranks inside one server, each with its own scheduler and KV cache
     enable_expert_parallel: bool = False  # routed experts spread over tp x dp GPUs instead of split by tp
+    pipeline_parallel_size: int = 1  # stages of layers, one per node in a cluster
 
     @property
     def schedulers(self) -> int:
-        return self.data_parallel_size
+        """Batches stepping at once: one per data-parallel rank, and per rank one in flight per pipeline stage."""
+        return self.data_parallel_size * self.pipeline_parallel_size
 
 
 @dataclass(frozen=True)

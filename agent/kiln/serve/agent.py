@@ -129,7 +129,8 @@ def share_with_group(user: str, files: list[Path]) -> None:
         os.chmod(path, 0o640)
 
 
-def http_probe(url: str, timeout_s: float = 2.0) -> bool:
+def http_probe(url: str, timeout_s: float = 5.0) -> bool:
+    """200 within the timeout; an API server whose cores the engine keeps busy may answer seconds late."""
     try:
         return requests.get(url, timeout=timeout_s).status_code == 200
     except requests.RequestException:

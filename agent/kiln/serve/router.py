@@ -20,9 +20,11 @@ class RouterSettings:
     # round_robin spreads load evenly with no per-request work; prefix affinity (cache_aware) is documented in
     # the README with the measurement behind the choice.
     policy: str = "round_robin"
+    # The supervisor takes a dead instance out the moment its process ends; the router's own check only catches a
+    # hung one, so it forgives a /health answered late by an API server whose cores the engine keeps busy.
     health_check_interval_s: int = 2
-    health_check_timeout_s: int = 2
-    health_failure_threshold: int = 2
+    health_check_timeout_s: int = 5
+    health_failure_threshold: int = 3
     request_timeout_s: int = 1800
     max_retries: int = 3
 

@@ -1,8 +1,9 @@
 """Keeps the serving processes alive and the router's worker list true.
 
 Each member is a process with an optional readiness probe. An instance joins the router once its probe passes,
-leaves it the moment its process exits or its probe fails twice, and is restarted with exponential backoff; one
-that stays unresponsive past the hang timeout is killed and restarted. The clock and the HTTP probe are passed in.
+leaves it the moment its process exits or its probe fails three times in a row, and is restarted with exponential
+backoff; one that stays unresponsive past the hang timeout is killed and restarted. The clock and the HTTP probe
+are passed in.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ Probe = Callable[[str], bool]
 class SupervisorSettings:
     tick_s: float = 0.5
     probe_interval_s: float = 1.0
-    failures_to_leave: int = 2
+    failures_to_leave: int = 3
     start_timeout_s: float = 1800.0
     hang_timeout_s: float = 120.0
     backoff_first_s: float = 1.0

@@ -1,0 +1,1 @@
+"""Fleets of kiln droplets behind a DigitalOcean load balancer."""
