@@ -145,6 +145,16 @@ def test_the_apis_errors_are_messages_with_a_fix(tmp_path: Path, change: dict[st
         assert not state.droplets
 
 
+def test_user_data_the_agent_would_reject_is_refused_before_anything_is_created(tmp_path: Path) -> None:
+    with serve_api() as (url, state):
+        args = up_args(tmp_path)
+        (tmp_path / "user-data.yaml").write_text("#cloud-config\nwrite_files:\n  - path: /etc/kiln/kiln.yaml\n"
+                                                 "    content: 'profle: llama-3.3-70b-instruct'\n")
+        done = fleet(url, *args, "--yes")
+        assert done.returncode == 2 and "profle" in done.stderr and "did you mean `profile`" in done.stderr
+        assert state.requests == []
+
+
 def test_request_bodies_split_at_ten_names_and_terminate_tls_with_a_certificate() -> None:
     spec = FleetSpec("big", size="gpu-h100x1-80gb", count=23, region="tor1", image="ubuntu-24-04-x64",
                      certificate_id="892071a0-bb95-49bc-8021-3afd67a210bf")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from kiln.cli import planargs
@@ -14,10 +13,8 @@ from kiln.perf.workload import resolve
 from kiln.planner.cluster import ClusterPlan, Fleet, plan_cluster
 from kiln.planner.types import Refusal
 from kiln.render.cluster import Node, distributed_ports, node_argv
-from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, Runtime
 from kiln.wiring import Kiln
 
-EXIT_REFUSED = 2
 HEAD_PLACEHOLDER = "HEAD_PRIVATE_IP"
 
 
@@ -39,12 +36,8 @@ def cmd_plan_nodes(kiln: Kiln, args: argparse.Namespace) -> int:
     result = plan_cluster(machine, args.nodes, profile, choice, workload, kiln.constants, network,
                           lambda plan: kiln_steps(plan, machine, profile, kiln.constants))
     if isinstance(result, Refusal):
-        if args.json:
-            print_json({"error": result.reason, "suggestions": list(result.suggestions)})
-        print(f"kiln: cannot plan: {result.text()}", file=sys.stderr)
-        return EXIT_REFUSED
-    launcher = (sys.executable, *MODULE_VLLM) if args.launcher == "module" else IMAGE_VLLM
-    runtime = Runtime(vllm_command=launcher, models_dir=args.models_dir)
+        return planargs.refused(args, result)
+    runtime = planargs.runtime_for(args)
     local = bool(args.model) or profile.local_model
     if isinstance(result, Fleet):
         data = fleet_dict(result)

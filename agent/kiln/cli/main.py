@@ -28,10 +28,10 @@ from kiln.planner.search import Choosing, choose
 from kiln.planner.types import Plan, Refusal
 from kiln.profiles.catalog import find_profile_dir, validate_paths
 from kiln.render.systemd import instance_dropin
-from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, Runtime, render_instances
+from kiln.render.vllm import Runtime, render_instances
 from kiln.wiring import Kiln
 
-EXIT_REFUSED = 2
+EXIT_REFUSED = planargs.EXIT_REFUSED
 
 
 def _add_json(p: argparse.ArgumentParser) -> None:
@@ -168,12 +168,8 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
     else:
         plan = make_plan(machine, profile, choice, kiln.constants, alternatives)
     if isinstance(plan, Refusal):
-        if args.json:
-            print_json({"error": plan.reason, "suggestions": list(plan.suggestions)})
-        print(f"kiln: cannot plan: {plan.text()}", file=sys.stderr)
-        return EXIT_REFUSED
-    launcher = (sys.executable, *MODULE_VLLM) if args.launcher == "module" else IMAGE_VLLM
-    runtime = Runtime(vllm_command=launcher, models_dir=args.models_dir)
+        return planargs.refused(args, plan)
+    runtime = planargs.runtime_for(args)
     local = bool(args.model) or profile.local_model
     rendered = render_instances(plan, runtime, local_model=local)
     if choosing is not None and args.plot:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from pydantic import ValidationError
 
 from kiln.choice.schema import Choice, validate_fields
+from kiln.cli.output import print_json
 from kiln.errors import KilnError
 from kiln.perf.workload import PRESETS, Workload, WorkloadSpec, resolve
+from kiln.planner.types import Refusal
+from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, Runtime
+
+EXIT_REFUSED = 2
 
 
 def add_target_options(p: argparse.ArgumentParser) -> None:
@@ -110,3 +116,17 @@ def plan_choice(args: argparse.Namespace) -> Choice:
         first = layer.problems[0]
         raise KilnError(first.what, where=f"--{first.field.replace('_', '-')}", fix=first.fix)
     return Choice(**layer.values)
+
+
+def refused(args: argparse.Namespace, refusal: Refusal, verb: str = "plan") -> int:
+    """Why nothing fits and what would, on stderr (and as JSON with --json); the exit status says so."""
+    if args.json:
+        print_json({"error": refusal.reason, "suggestions": list(refusal.suggestions)})
+    print(f"kiln: cannot {verb}: {refusal.text()}", file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def runtime_for(args: argparse.Namespace) -> Runtime:
+    """Where rendered command lines find vLLM: the image's `vllm serve`, or `python -m` beside this kiln."""
+    launcher = (sys.executable, *MODULE_VLLM) if args.launcher == "module" else IMAGE_VLLM
+    return Runtime(vllm_command=launcher, models_dir=args.models_dir)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,6 @@ from kiln.planner.search import Choosing
 from kiln.planner.types import Plan, Refusal
 from kiln.profiles.schema import Profile
 from kiln.wiring import Kiln
-
-EXIT_REFUSED = 2
 
 
 def add_parsers(sub: Any) -> None:
@@ -132,10 +129,7 @@ def cmd_predict(kiln: Kiln, args: argparse.Namespace) -> int:
     workload = planargs.workload_from(args)
     plan = make_plan(machine, profile, planargs.plan_choice(args), kiln.constants)
     if isinstance(plan, Refusal):
-        if args.json:
-            print_json({"error": plan.reason, "suggestions": list(plan.suggestions)})
-        print(f"kiln: cannot predict: {plan.text()}", file=sys.stderr)
-        return EXIT_REFUSED
+        return planargs.refused(args, plan, "predict")
     plan = _with_limits(plan, args)
     steps = steps_for(kiln, args.engine, machine, profile)(plan)
     result = forecast(plan, workload, steps, kiln.constants)

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kiln.choice.schema import validate_fields
+from kiln.choice.userdata import SOURCE, extract_settings
 from kiln.errors import ConfigError, KilnError
 from kiln.fleet.spec import Changes, FleetSpec, changes_for, droplet_requests, firewall_request, load_balancer_request
 
@@ -92,8 +94,20 @@ def apply(api: Api, spec: FleetSpec, changes: Changes, existing: Existing) -> di
             "firewall": {"id": fw["id"], "status": fw.get("status")}}
 
 
+def check_user_data(text: str) -> None:
+    """The agent's own reading of the user-data, before any droplet is paid for: a problem it would report at
+    boot on every droplet is refused here."""
+    found = extract_settings(text.encode("utf-8"))
+    problems = [*found.problems, *validate_fields(found.settings, source=SOURCE).problems]
+    if problems:
+        raise ConfigError("the user-data has problems every droplet would report at boot: "
+                          + "; ".join(p.text() for p in problems),
+                          fix="fix the user-data (`kiln choice --root DIR` reads it as the agent will)")
+
+
 def up(api: Api, spec: FleetSpec, confirm: Confirm) -> dict[str, Any]:
     """The fleet as `spec` says: only what is missing is created; a second `up` changes nothing."""
+    check_user_data(spec.user_data)
     existing = read(api, spec)
     changes = changes_for(spec, existing.droplets, existing.load_balancer is not None,
                           existing.firewall is not None, max(spec.count, len(existing.droplets)))
@@ -113,6 +127,8 @@ def scale(api: Api, spec: FleetSpec, count: int, confirm: Confirm) -> dict[str, 
     changes = changes_for(spec, existing.droplets, True, True, count)
     if changes.create and not spec.user_data:
         raise ConfigError("new droplets need the fleet's user-data", fix="pass --user-data FILE, as to `kiln fleet up`")
+    if changes.create:
+        check_user_data(spec.user_data)
     return _change(api, spec, changes, existing, confirm)
 
 
