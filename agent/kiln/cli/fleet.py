@@ -25,7 +25,8 @@ def add_parsers(sub: Any) -> None:
     up.add_argument("--size", required=True, help="a droplet size, e.g. gpu-h100x8-640gb")
     up.add_argument("--count", type=int, required=True, help="how many droplets")
     up.add_argument("--region", required=True, help="e.g. nyc2, tor1, atl1")
-    up.add_argument("--image", required=True, help="the kiln image's snapshot id (`kiln image build --target do`)")
+    up.add_argument("--image", required=True,
+                    help="the kiln image's snapshot id (`kiln image build --target digitalocean`)")
     up.add_argument("--user-data", type=Path, required=True, help="cloud-init user-data for every droplet")
     up.add_argument("--ssh-key", action="append", default=[], help="an SSH key's id or fingerprint (repeatable)")
     up.add_argument("--ssh-from", action="append", default=[], metavar="CIDR",
