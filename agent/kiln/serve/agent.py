@@ -137,9 +137,9 @@ def http_probe(url: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def _fetch(url: str) -> str:
+def _fetch(url: str, timeout_s: float = 2) -> str:
     try:
-        reply = requests.get(url, timeout=2)
+        reply = requests.get(url, timeout=timeout_s)
         return reply.text if reply.ok else ""
     except requests.RequestException:
         return ""
@@ -557,11 +557,14 @@ class Agent:
             self.state.fail(f"rolling change {state}: {what}", fix)
 
     def _drain(self, member: Member, timeout_s: float = DRAIN_S) -> None:
-        """Wait until an instance out of routing has no request running or waiting, or the bound passes."""
+        """Wait until an instance out of routing has no request running or waiting, or the bound passes. Metrics
+        that do not come (a server busy streaming may answer late) say nothing: only its exit ends the wait early."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self.stopping.is_set():
-            text = _fetch(f"{member.route_url}/metrics") if member.route_url else ""
-            if not text or prom.requests_in_flight(text) == 0:
+            if not member.route_url or member.running is None or member.running.exit_code() is not None:
+                return
+            text = _fetch(f"{member.route_url}/metrics", timeout_s=5)
+            if text and prom.requests_in_flight(text) == 0:
                 return
             time.sleep(0.5)
         log.warning("%s: still busy after %.0f s of draining; stopping it", member.name, timeout_s)
