@@ -19,7 +19,7 @@ from kiln.perf.workload import resolve
 from kiln.planner.cluster import ClusterPlan, Fleet, plan_cluster
 from kiln.planner.plan import make_plan
 from kiln.planner.types import Plan, Refusal
-from kiln.render.cluster import DP_RPC_PORT, MASTER_PORT, Node, distributed_ports, node_argv
+from kiln.render.cluster import DP_RPC_PORT, MASTER_PORT, Node, distributed_ports, node_argv, node_env
 from kiln.render.vllm import IMAGE_VLLM, Runtime
 from kiln.wiring import Kiln
 
@@ -147,3 +147,13 @@ def test_a_plan_for_one_machine_is_unchanged_by_the_cluster_fields(kiln: Kiln) -
     plan = make_plan(kiln.machine("h100x8"), kiln.catalog().get("llama-3.3-70b-instruct"), Choice(), kiln.constants)
     assert isinstance(plan, Plan)
     assert plan.engine.pipeline_parallel_size == 1 and plan.engine.schedulers == plan.engine.data_parallel_size
+
+
+def test_each_node_talks_to_the_others_from_its_private_address(kiln: Kiln) -> None:
+    result = cluster(kiln, "h100x8", 2, "deepseek-v3.2")
+    assert isinstance(result, ClusterPlan)
+    env = node_env(result.plan, Node(1, 2, "10.10.0.2", address="10.10.0.3", interface="eth1"), Runtime())
+    assert env["VLLM_HOST_IP"] == "10.10.0.3"
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth1"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    assert "VLLM_HOST_IP" not in node_env(result.plan, Node(0, 2, "10.10.0.2"), Runtime())

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.planner.types import Plan
-from kiln.render.vllm import Runtime, vllm_args
+from kiln.render.vllm import OFFLINE_ENV, Runtime, vllm_args, vllm_env
 
 MASTER_PORT = 29500  # torch.distributed's conventional rendezvous port
 DP_RPC_PORT = 13345  # the port vLLM's data-parallel recipes use for the head's coordinator
@@ -25,10 +25,26 @@ class Node:
     rank: int
     nodes: int
     head_address: str  # the head's private address: every node dials it, never over the public network
+    address: str | None = None  # this node's private address
+    interface: str | None = None  # the network interface that holds it (eth1, a droplet's VPC interface)
 
     @property
     def is_head(self) -> bool:
         return self.rank == 0
+
+
+def node_env(plan: Plan, node: Node, runtime: Runtime, *, local_model: bool = False) -> dict[str, str]:
+    """The instance's environment, plus where this node talks to the others: without them Gloo and NCCL pick the
+    host name's address (often loopback) and vLLM's message queues bind 0.0.0.0, and the nodes never meet."""
+    env = vllm_env(plan, plan.instances[0], runtime)
+    if local_model:
+        env.update(OFFLINE_ENV)
+    if node.address:
+        env["VLLM_HOST_IP"] = node.address
+    if node.interface:
+        env["GLOO_SOCKET_IFNAME"] = node.interface
+        env["NCCL_SOCKET_IFNAME"] = node.interface
+    return env
 
 
 def distributed_ports(plan: Plan) -> tuple[int, ...]:
