@@ -4,7 +4,7 @@ and change it only once the user agrees. The API and the question to the user ar
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from kiln.choice.schema import validate_fields
@@ -119,11 +119,9 @@ def scale(api: Api, spec: FleetSpec, count: int, confirm: Confirm) -> dict[str, 
     if not existing.droplets:
         raise ConfigError(f"fleet {spec.name} has no droplets to scale", fix=f"create it with `kiln fleet up --name "
                           f"{spec.name} ...`")
-    first = existing.droplets[0]
-    spec = FleetSpec(spec.name, size=first["size_slug"], count=count, region=first["region"]["slug"],
-                     image=spec.image or str(first.get("image", {}).get("id", "")), user_data=spec.user_data,
-                     ssh_keys=spec.ssh_keys, ssh_from=spec.ssh_from, certificate_id=spec.certificate_id,
-                     vpc_uuid=first.get("vpc_uuid"))
+    first = existing.droplets[0]  # new droplets match the fleet's: its size, region, image and network
+    spec = replace(spec, size=first["size_slug"], count=count, region=first["region"]["slug"],
+                   image=spec.image or str(first.get("image", {}).get("id", "")), vpc_uuid=first.get("vpc_uuid"))
     changes = changes_for(spec, existing.droplets, True, True, count)
     if changes.create and not spec.user_data:
         raise ConfigError("new droplets need the fleet's user-data", fix="pass --user-data FILE, as to `kiln fleet up`")

@@ -20,7 +20,7 @@ from kiln.perf.steps import PipelineSteps, RooflineSteps, StepModel
 from kiln.perf.workload import Workload
 from kiln.planner import capacity as cap
 from kiln.planner.explain import Option, explain
-from kiln.planner.plan import make_plan
+from kiln.planner.plan import Context, make_plan
 from kiln.planner.precision import precision_options
 from kiln.planner.types import Constants, InstancePlan, Plan, Refusal
 from kiln.profiles.schema import Profile
@@ -169,7 +169,7 @@ def _misfit(machine: Machine, profile: Profile, choice: Choice, c: Constants, la
     else:
         weights = cap.weight_bytes_per_gpu(profile, precision, layout.tp, layout.tp * layout.dp)
     utilization = choice.gpu_memory_utilization or c.get("vllm", "default_gpu_memory_utilization")
-    usable = (min(g.memory_bytes for g in machine.gpus) - int(c.get("vllm", "driver_reserved_bytes"))) * utilization
+    usable = Context(machine, profile, choice, c, "throughput", utilization).gpu_memory * utilization
     return (f"{precision} weights {weights / GIB:.1f} GiB per GPU leave too little of the {usable / GIB:.1f} GiB "
             "vLLM may use for its runtime and a KV cache")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.planner.types import Plan
-from kiln.render.vllm import OFFLINE_ENV, Runtime, vllm_args, vllm_env
+from kiln.render.vllm import Runtime, instance_env, vllm_args
 
 MASTER_PORT = 29500  # torch.distributed's conventional rendezvous port
 DP_RPC_PORT = 13345  # the port vLLM's data-parallel recipes use for the head's coordinator
@@ -36,9 +36,7 @@ class Node:
 def node_env(plan: Plan, node: Node, runtime: Runtime, *, local_model: bool = False) -> dict[str, str]:
     """The instance's environment, plus where this node talks to the others: without them Gloo and NCCL pick the
     host name's address (often loopback) and vLLM's message queues bind 0.0.0.0, and the nodes never meet."""
-    env = vllm_env(plan, plan.instances[0], runtime)
-    if local_model:
-        env.update(OFFLINE_ENV)
+    env = instance_env(plan, plan.instances[0], runtime, local_model=local_model)
     if node.address:
         env["VLLM_HOST_IP"] = node.address
     if node.interface:

@@ -159,12 +159,19 @@ def compile_cache_env(root: str, device: str) -> dict[str, str]:
     return env
 
 
+def instance_env(plan: Plan, instance: InstancePlan, runtime: Runtime, *, local_model: bool = False
+                 ) -> dict[str, str]:
+    """An instance's environment; a locally made model asks the Hub nothing."""
+    env = vllm_env(plan, instance, runtime)
+    return {**env, **OFFLINE_ENV} if local_model else env
+
+
 def render_instances(plan: Plan, runtime: Runtime, *, local_model: bool = False) -> list[RenderedInstance]:
     return [
         RenderedInstance(
             name=inst.name, port=inst.port, gpus=inst.gpus, device_minors=inst.device_minors,
             argv=(*runtime.vllm_command, *vllm_args(plan, inst, runtime, local_model=local_model)),
-            env={**vllm_env(plan, inst, runtime), **OFFLINE_ENV} if local_model else vllm_env(plan, inst, runtime),
+            env=instance_env(plan, inst, runtime, local_model=local_model),
             cpus=inst.cpus, numa_node=inst.numa_node, data_parallel_size=plan.engine.data_parallel_size,
         )
         for inst in plan.instances
