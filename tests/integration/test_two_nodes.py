@@ -4,20 +4,18 @@ running the command line kiln renders for its rank (a pipeline stage per node: `
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
+from tests.netns import ADDRESSES, LINKS, NAMESPACES, in_namespace, namespaces_left, two_namespaces
 
 import kiln
 from kiln.choice.schema import Choice
@@ -30,44 +28,8 @@ from kiln.wiring import Kiln
 
 pytestmark = pytest.mark.integration
 
-NAMESPACES = ("kiln-node0", "kiln-node1")
-LINKS = ("kiln-n0", "kiln-n1")
-ADDRESSES = ("10.231.0.1", "10.231.0.2")
 SHIM = Path(kiln.__file__).parent / "data" / "vllm" / "kiln_vllm_serve.py"
 STARTUP_TIMEOUT_S = 900  # two engines compiling on two shared cores
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-@contextmanager
-def two_namespaces() -> Iterator[None]:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2")
-    for ns in NAMESPACES:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)  # a crashed run's leftovers
-    try:
-        for ns in NAMESPACES:
-            _ip("netns", "add", ns)
-        _ip("link", "add", LINKS[0], "type", "veth", "peer", "name", LINKS[1])
-        for ns, link, address in zip(NAMESPACES, LINKS, ADDRESSES, strict=True):
-            _ip("link", "set", link, "netns", ns)
-            _ip("-n", ns, "addr", "add", f"{address}/24", "dev", link)
-            _ip("-n", ns, "link", "set", link, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield
-    finally:
-        for ns in NAMESPACES:
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=False).stdout
-            for pid in pids.split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-
-
-def in_namespace(ns: str, argv: list[str]) -> list[str]:
-    return ["ip", "netns", "exec", ns, *argv]
 
 
 @dataclasses.dataclass
@@ -166,7 +128,6 @@ def test_two_nodes_serve_one_model_and_recover_from_a_killed_worker_node(kiln: K
               f"{lost:.0f} s; serving again {back:.0f} s after both restarted")
     assert '"text"' in first and '"text"' in again
     # Nothing left behind: namespaces, processes, ports.
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    assert not any(ns in listed for ns in NAMESPACES)
+    assert not namespaces_left()
     leftovers = [p.pid for p in psutil.process_iter(["cmdline"]) if str(SHIM) in " ".join(p.info["cmdline"] or [])]
     assert not leftovers

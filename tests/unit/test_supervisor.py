@@ -202,3 +202,28 @@ def test_a_rolling_change_keeps_one_instance_routed_throughout(
     assert drained[1][2] == [new[0].route_url]  # b drains once out of routing, with a2 serving already
     assert min(routed_counts) >= 1
     assert all(m.running is None and m.retiring for m in old)
+
+
+def test_a_held_instance_stays_stopped_until_released_and_counts_its_launches(tmp_path: Path) -> None:
+    routing = RecordedRouting()
+    engine = server(tmp_path, "engine")
+    engine.held = True
+    sup = Supervisor(launcher=LocalProcesses(), routing=routing, probe=lambda url: http_probe(url, 0.5),
+                     settings=FAST, instances=[engine])
+    sup.start()
+    try:
+        time.sleep(0.5)
+        assert engine.state == "held" and engine.running is None and engine.launches == 0
+        sup.release(engine)
+        wait_until(lambda: engine.state == READY and engine.routed)
+        assert engine.launches == 1
+        pid = engine.running.pid if engine.running else 0
+        sup.hold(engine, "a node was lost")
+        assert engine.state == "held" and not routing.workers and not psutil.pid_exists(pid)
+        time.sleep(0.5)  # not restarted while held
+        assert engine.running is None and engine.launches == 1
+        sup.release(engine)
+        wait_until(lambda: engine.state == READY and engine.routed)
+        assert engine.launches == 2 and engine.restarts == 0
+    finally:
+        sup.stop()

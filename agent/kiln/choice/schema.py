@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kiln.perf.workload import WorkloadSpec
 
@@ -52,6 +52,42 @@ class TlsAcme(BaseModel):
 
 
 TlsSetting = Literal["off", "self-signed"] | TlsCertificate | TlsAcme
+IPV4 = r"^((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)$"
+
+
+class ClusterSetting(BaseModel):
+    """One model across `nodes` machines. The head and this node's rank are given, or found by the DigitalOcean
+    tag `kiln-cluster:NAME` (with `do_token`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=48, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    nodes: int = Field(ge=2, le=64)
+    head: str | None = Field(default=None, pattern=IPV4)  # the head's private address
+    rank: int | None = Field(default=None, ge=0, le=63)
+    address: str | None = Field(default=None, pattern=IPV4)  # this node's private address (else found)
+
+    @field_validator("rank")
+    @classmethod
+    def _rank_in_range(cls, value: int | None, info: Any) -> int | None:
+        nodes = info.data.get("nodes")
+        if value is not None and nodes is not None and value >= nodes:
+            raise ValueError(f"rank {value} is not below nodes ({nodes}): ranks are 0 to {nodes - 1}")
+        return value
+
+    @model_validator(mode="after")
+    def _head_with_rank(self) -> ClusterSetting:
+        if (self.head is None) != (self.rank is None):
+            raise ValueError("give head and rank together, or neither (then the nodes are found by tag)")
+        return self
+
+    @property
+    def tag(self) -> str:
+        return f"kiln-cluster:{self.name}"
+
+    @property
+    def explicit(self) -> bool:
+        return self.head is not None and self.rank is not None
 
 
 class Choice(BaseModel):
@@ -77,6 +113,8 @@ class Choice(BaseModel):
     api_keys: dict[str, NamedKey] | None = Field(default=None, max_length=256)
     tls: TlsSetting | None = None
     workload: WorkloadSpec | None = None
+    cluster: ClusterSetting | None = None
+    do_token: str | None = Field(default=None, min_length=16, max_length=256, pattern=r"^[A-Za-z0-9_\-]+$")
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -120,7 +158,7 @@ def tls_summary(tls: TlsSetting | None) -> str:
 
 FIELDS = tuple(Choice.model_fields)
 # Never shown: not in problems, reports, the journal or the MOTD; only whether they are set.
-SECRET_FIELDS = frozenset({"api_key", "hf_token", "api_keys", "tls"})
+SECRET_FIELDS = frozenset({"api_key", "hf_token", "api_keys", "tls", "do_token"})
 HINTS: dict[str, str] = {
     "profile": "a profile name from `kiln profiles list`, e.g. llama-3.1-8b-instruct",
     "model": "an absolute path to a local model directory holding config.json",
@@ -142,6 +180,9 @@ HINTS: dict[str, str] = {
     "expert_parallel": "true or false (MoE models: spread the experts over every GPU of the server)",
     "workload": "a preset (batch, chat, rag, agent) and/or {input_len, output_len, concurrency or request_rate, "
                 "ttft_ms, tpot_ms}, e.g. `workload: {preset: chat, concurrency: 32}`",
+    "cluster": "{name: NAME, nodes: N} on every node (peers found by the tag kiln-cluster:NAME with do_token), "
+               "or {name: NAME, nodes: N, head: HEAD_PRIVATE_IP, rank: R}",
+    "do_token": "a read-only DigitalOcean API token (droplet:read), to find the cluster's nodes by tag",
 }
 
 

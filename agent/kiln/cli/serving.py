@@ -18,9 +18,11 @@ from kiln.choice.resolve import merge, resolve_choice
 from kiln.choice.schema import Choice, Layer, Problem, validate_fields
 from kiln.choice.sources import SourceReader
 from kiln.cli.output import print_json, table
+from kiln.cluster.discovery import DO_API_URL
 from kiln.errors import KilnError, NotFoundError
 from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, find_vllm_python
 from kiln.serve.agent import Agent, AgentOptions, configure_logging
+from kiln.serve.cluster_node import ClusterOptions
 from kiln.serve.layout import (
     HEALTH_PORT,
     HTTP_PORT,
@@ -142,7 +144,9 @@ def cmd_agent(kiln: Kiln, args: argparse.Namespace) -> int:
                            machine=args.machine, vllm_command=_agent_vllm(), advertised_host=_primary_address(),
                            motd_file=args.motd, systemd=systemd, proxy_user=PROXY_USER if systemd else None,
                            router=RouterSettings(policy=args.router_policy), process_started=_process_started(),
-                           tls_names=_machine_names())
+                           tls_names=_machine_names(),
+                           cluster=ClusterOptions(firewall=systemd,
+                                                  do_api_url=os.environ.get("DIGITALOCEAN_API_URL", DO_API_URL)))
     return _serve(Agent(kiln, options))
 
 
@@ -231,7 +235,7 @@ def cmd_status(_kiln: Kiln, args: argparse.Namespace) -> int:
         print_json(status)
         return 0
     print(status_text(status))
-    return 0 if status.get("phase") in ("ready", "starting", "downloading", "degraded") else EXIT_UNAVAILABLE
+    return 0 if status.get("phase") in ("ready", "starting", "downloading", "degraded", "joining") else EXIT_UNAVAILABLE
 
 
 def download_bar(d: dict[str, Any], width: int = 30) -> str:
@@ -271,6 +275,21 @@ def tls_line(tls: dict[str, Any]) -> str:
     return line + (f"\n          problem: {problem['error']} (fix: {problem['fix']})" if problem else "")
 
 
+def cluster_lines(c: dict[str, Any] | None) -> list[str]:
+    """This node's part of a cluster; on the head, every node."""
+    if not c:
+        return []
+    generation = f", engine generation {c['generation']}" if "generation" in c else ""
+    lines = ["", f"cluster   {c['name']}: {c['role']}, rank {c['rank']} of {c['nodes']}, head {c['head']} "
+                 f"(found by {c['found_by']}){generation}"]
+    members = c.get("members") or []
+    if c.get("role") == "head" and members:
+        lines.append(table(["Rank", "Node", "Address", "Up", "Joined", "GPUs"], [
+            [m["rank"], m.get("name") or "-", m.get("address") or "-", "yes" if m.get("up") else "NO",
+             "yes" if m.get("joined") else "no", len(m.get("gpus") or [])] for m in members]))
+    return lines
+
+
 def status_text(s: dict[str, Any]) -> str:
     plan = s.get("plan") or {}
     keys = ", ".join(k["name"] + (f" ({k['requests_per_minute']}/min)" if k.get("requests_per_minute") else "")
@@ -299,6 +318,7 @@ def status_text(s: dict[str, Any]) -> str:
              "yes" if m.get("routed") else "-"] for m in [*s.get("instances", []), *s.get("services", [])]]
     if rows:
         lines += ["", table(["Process", "Port", "PID", "State", "Restarts", "Routed"], rows)]
+    lines += cluster_lines(s.get("cluster"))
     gpus = s.get("gpus") or []
     if gpus:
         lines += ["", table(["GPU", "Util %", "Memory GiB", "Temp C", "Power W"],

@@ -278,3 +278,17 @@ def _explain_cluster(machine: Machine, nodes: int, alone: Refusal, network: Netw
                      f"{best.layout.tp * best.layout.dp} GPUs and each MoE layer's all-to-all crosses the network "
                      "for the experts on other nodes.")
     return lines + explain(best.option, [o.option for o in others], workload, objective)
+
+
+def cpu_pipeline(machine: Machine, nodes: int, profile: Profile, choice: Choice, c: Constants) -> Plan | Refusal:
+    """A CPU profile (kiln's test model) over `nodes` machines: one pipeline stage per node, so vLLM's multi-node
+    path runs where there is no GPU. Nothing is gained by it but the path itself; GPU profiles go through
+    plan_cluster, which never splits a model that fits one node."""
+    one = make_plan(machine, profile, choice.model_copy(update={"instances": 1}), c)
+    if isinstance(one, Refusal):
+        return one
+    engine = replace(one.engine, pipeline_parallel_size=nodes)
+    return replace(one, machine=f"{nodes} x {machine.name}", engine=engine, instances=one.instances[:1],
+                   explanation=(*one.explanation, f"{profile.name} runs as a pipeline of {nodes} stages, one per "
+                                "node, over vLLM's multi-node path (a CPU test profile: the split is for the path, "
+                                "not for speed)."))

@@ -69,4 +69,4 @@ def node_args(plan: Plan, node: Node, runtime: Runtime, *, local_model: bool = F
 
 
 def node_argv(plan: Plan, node: Node, runtime: Runtime, *, local_model: bool = False) -> tuple[str, ...]:
-    return (*runtime.vllm_command, *node_args(plan, node, runtime, local_model=local_model))
+    return (*runtime.serve_command(), *node_args(plan, node, runtime, local_model=local_model))

@@ -50,6 +50,15 @@ class Runtime:
     cache_root: str | None = None
     # The folder holding kiln_key_usage.py (requests and tokens per API key name, counted inside vLLM); None: off.
     key_usage_path: str | None = None
+    # kiln_vllm_serve.py: `vllm serve` (which alone runs a headless node) where the launcher is the API server's
+    # module; None keeps the launcher.
+    serve_shim: str | None = None
+
+    def serve_command(self) -> tuple[str, ...]:
+        """The launcher for a cluster's node: `vllm serve` itself, or the shim in its place."""
+        if self.serve_shim and self.vllm_command[1:] == MODULE_VLLM:
+            return (self.vllm_command[0], self.serve_shim)
+        return self.vllm_command
 
 
 @dataclass(frozen=True)

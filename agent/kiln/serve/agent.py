@@ -22,6 +22,8 @@ import requests
 from kiln import datafiles
 from kiln.bench.client import Target, VllmBench
 from kiln.choice.resolve import ResolvedChoice
+from kiln.cluster.membership import Membership
+from kiln.cluster.membership import NotYet as ClusterNotYet
 from kiln.doctor.needs import needs_of
 from kiln.doctor.report import Report
 from kiln.errors import KilnError
@@ -32,10 +34,12 @@ from kiln.hub.files import repos_for
 from kiln.hub.preflight import HubVerdict
 from kiln.perf.predict import forecast, kiln_steps
 from kiln.perf.workload import resolve as resolve_workload
+from kiln.render.cluster import distributed_ports
 from kiln.render.systemd import instance_dropin
 from kiln.render.vllm import IMAGE_VLLM, OFFLINE_ENV, RenderedInstance, Runtime, vllm_python
 from kiln.serve import metrics as prom
 from kiln.serve.caches import Caches, place_caches
+from kiln.serve.cluster_node import ClusterOptions, NodeWatch, find_membership, open_firewall
 from kiln.serve.cost import hourly_price
 from kiln.serve.decide import Decision, decide
 from kiln.serve.endpoint import Endpoint
@@ -50,7 +54,7 @@ from kiln.serve.router import RouterClient, RouterSettings, find_router, router_
 from kiln.serve.secretfiles import write_private
 from kiln.serve.selfcheck import SelfCheckSettings, self_check_result
 from kiln.serve.startup import AgentSteps, parse_startup
-from kiln.serve.state import DETECTING, DOWNLOADING, PLANNING, STARTING_PHASE, AgentState
+from kiln.serve.state import DETECTING, DOWNLOADING, JOINING, PLANNING, STARTING_PHASE, AgentState
 from kiln.serve.supervisor import Launcher, Member, Supervisor, SupervisorSettings
 from kiln.serve.systemd_units import SystemdUnits
 from kiln.serve.telemetry import gpu_telemetry
@@ -84,6 +88,7 @@ class AgentOptions:
     process_started: float | None = None  # epoch seconds the process began, to time Python and the imports too
     tls_names: tuple[str, ...] = ()  # addresses and host names a self-signed certificate names, besides metadata's
     proxy_user: str | None = None  # nginx's workers' user when its master runs as root (the image: www-data)
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)
 
 
 def _log(folder: Path | None, name: str) -> Path | None:
@@ -172,6 +177,8 @@ class Agent:
         self._rollout: threading.Thread | None = None
         self._verdict: HubVerdict | None = None
         self._launcher: Launcher | None = None
+        self.membership: Membership | None = None  # this machine's part of a cluster
+        self.node_watch: NodeWatch | None = None
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -200,6 +207,8 @@ class Agent:
                     self._start_self_check()
         finally:
             sd_notify("STOPPING=1")
+            if self.node_watch:
+                self.node_watch.stop()
             if self.supervisor:
                 self.supervisor.stop()
             self.health.stop()
@@ -237,16 +246,20 @@ class Agent:
                 return
         resolved = options.read_choice()
         self._lap("read the choice")
+        if resolved.choice.cluster is not None and not self._join_cluster(resolved):
+            return
         state.set_phase(PLANNING)
         self._runtime = runtime = Runtime(vllm_command=options.vllm_command, models_dir=str(layout.models_dir),
                                           hf_home=str(layout.hf_home), extra_env=options.extra_env,
-                                          key_usage_path=datafiles.data_dir("vllm"))
+                                          key_usage_path=datafiles.data_dir("vllm"),
+                                          serve_shim=f"{datafiles.data_dir('vllm')}/kiln_vllm_serve.py")
         self._models = models = ModelStep(client=self._hub_client, stopping=self.stopping,
-                           replan=lambda choice: decide(self.kiln, options.machine, choice, runtime),
+                           replan=lambda choice: decide(self.kiln, options.machine, choice, runtime,
+                                                        membership=self.membership),
                            offline=os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"),
                            manifest=read_manifest(layout.state_dir / MANIFEST), baked_cache=layout.hf_home,
                            models_dir=layout.models_dir)
-        first = decide(self.kiln, options.machine, resolved, runtime)
+        first = decide(self.kiln, options.machine, resolved, runtime, membership=self.membership)
         self._lap("detect and plan")
         decision, verdict = models.check(first, resolved)
         if models.baked:
@@ -285,10 +298,49 @@ class Agent:
         state.supervisor = self.supervisor
         state.set_phase(STARTING_PHASE)
         self.supervisor.start()
+        if self.membership and decision.node:
+            self._watch_cluster(self.membership, decision)
         self._lap("start the units")
         log.info("agent's own share of the start: %.2f s (%s)", self.steps.as_dict()["own_s"],
                  ", ".join(f"{n} {s:.2f} s" for n, s in self.steps.steps))
         sd_notify(f"STATUS=serving {decision.plan.profile} on {len(decision.rendered)} instance(s)")
+
+    # -- a cluster ---------------------------------------------------------------------------------------------
+    def _join_cluster(self, resolved: ResolvedChoice) -> bool:
+        """Find this node's place in the cluster (waiting for the tagged droplets); False when it has none."""
+        setting = resolved.choice.cluster
+        assert setting is not None
+        self.state.set_phase(JOINING)
+
+        def waiting(why: ClusterNotYet) -> None:
+            self.state.fail(f"cluster {setting.name}: {why.what}", why.fix)
+            log.warning("cluster %s: %s (fix: %s); asking again", setting.name, why.what, why.fix)
+
+        found = find_membership(setting, resolved.choice.do_token, self.options.cluster, self.stopping, waiting)
+        if isinstance(found, ClusterNotYet):
+            if not self.stopping.is_set():
+                self._fail(f"cluster {setting.name}: {found.what}", found.fix)
+            return False
+        self.membership = found
+        self.state.cluster = found.as_dict()
+        log.info("cluster %s: rank %d of %d, head %s, this node %s (%s), found by %s", found.name, found.rank,
+                 found.nodes, found.head_address, found.address, found.interface or "interface unknown",
+                 found.found_by)
+        self._lap("find the cluster")
+        return True
+
+    def _watch_cluster(self, member: Membership, decision: Decision) -> None:
+        assert self.supervisor is not None and decision.plan is not None and decision.machine is not None
+        if self.options.cluster.firewall:
+            why = open_firewall(member, (self.options.cluster.peer_port, *distributed_ports(decision.plan)))
+            if why:
+                log.warning("firewall: %s; the cluster's traffic may be refused (fix: open TCP from the VPC to "
+                            "this node)", why)
+        gpus = tuple({"index": g.index, "name": g.name, "memory_gib": round(g.memory_bytes / 2**30, 1)}
+                     for g in decision.machine.gpus)
+        self.node_watch = NodeWatch(member, self.supervisor, self.supervisor.instances[0], self.state, gpus,
+                                    self.options.cluster)
+        self.node_watch.start()
 
     def _hub_client(self, token: str | None) -> HubClient:
         return HubClient(hub_cache(self.caches.hf_home), token)
@@ -377,6 +429,8 @@ class Agent:
         assert decision.plan is not None and decision.profile is not None
         self._make_local_model(decision)
         self._write_hf_token(resolved.choice.hf_token)
+        if decision.node and not decision.node.is_head:
+            return self._worker_supervisor(decision)
         nginx, router = find_nginx(), find_router()
         if not nginx:
             raise KilnError("nginx is not installed; it fronts the public endpoint",
@@ -394,7 +448,25 @@ class Agent:
                                            log_file=_log(logs, "router")),
                                probe_url=f"{layout.router_url}/health")
         instances = [self._instance(r, logs) for r in decision.rendered]
+        for member in instances if decision.node else ():
+            member.held = True  # the cluster's head starts its engine once every node answers
         self._write_runtime([proxy, router_member, *instances])
+        return Supervisor(launcher=self._make_launcher(decision), routing=RouterClient(layout.router_url),
+                          probe=http_probe, settings=options.supervisor, router=router_member, others=[proxy],
+                          instances=instances)
+
+    def _worker_supervisor(self, decision: Decision) -> Supervisor:
+        """A cluster's worker node: only its engine, headless, started for the head's generation (NodeWatch)."""
+        rendered = decision.rendered[0]
+        spec = ProcessSpec(rendered.name, rendered.argv, self._env(rendered), log_file=_log(self._logs, rendered.name),
+                           env_files=(self.options.layout.hf_token_env,))
+        engine = Member(spec, port=rendered.port, held=True)
+        self._write_runtime([engine])
+        return Supervisor(launcher=self._make_launcher(decision), routing=RouterClient(self.options.layout.router_url),
+                          probe=http_probe, settings=self.options.supervisor, instances=[engine])
+
+    def _make_launcher(self, decision: Decision) -> Launcher:
+        layout, options = self.options.layout, self.options
         launcher: Launcher = LocalProcesses()
         if options.systemd:
             # The state folder is root's; the units (User=kiln) write only these folders in it, and read the
@@ -405,8 +477,7 @@ class Agent:
             give_to_user(options.service_user, layout.state_dir, writable)
             launcher = SystemdUnits(self._dropins(decision))
         self._launcher = launcher
-        return Supervisor(launcher=launcher, routing=RouterClient(layout.router_url), probe=http_probe,
-                          settings=options.supervisor, router=router_member, others=[proxy], instances=instances)
+        return launcher
 
     @property
     def _logs(self) -> Path | None:
@@ -495,6 +566,10 @@ class Agent:
         if self._rollout and self._rollout.is_alive():
             log.warning("reload: a rolling change is under way; the plan is read again at the next reload")
             return None
+        if self.membership is not None:
+            log.warning("reload: a cluster's plan changes only when every node restarts (systemctl restart "
+                        "kiln-agent on each); keys and the certificate changed now")
+            return None
         decision = decide(self.kiln, self.options.machine, resolved, self._runtime)
         decision, self._verdict = self._models.check(decision, resolved)
         if decision.failure or decision.plan is None:
@@ -582,7 +657,8 @@ class Agent:
     def _start_self_check(self) -> None:
         """Once, when every instance first serves."""
         sup, settings = self.supervisor, self.options.self_check
-        if self._self_check or not sup or not settings or len(sup.ready_instances()) < len(sup.instances):
+        if (self._self_check or not sup or not settings or self.endpoint is None
+                or len(sup.ready_instances()) < len(sup.instances)):
             return
         self.state.self_check = {"state": "running"}
         workload = self.decision.choice.choice.workload if self.decision else None

@@ -14,14 +14,17 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import SECRET_FIELDS, Choice, Problem, tls_summary
 from kiln.choice.select import FALLBACK_PROFILE, select_profile
 from kiln.cli.views import plan_dict
+from kiln.cluster.membership import Membership
 from kiln.errors import KilnError
 from kiln.hardware.model import Machine
 from kiln.perf.predict import kiln_steps
 from kiln.perf.workload import resolve as resolve_workload
+from kiln.planner.cluster import ClusterPlan, Fleet, cpu_pipeline, plan_cluster
 from kiln.planner.plan import make_plan
 from kiln.planner.search import choose
 from kiln.planner.types import Plan, Refusal
 from kiln.profiles.schema import Profile
+from kiln.render.cluster import Node, node_argv, node_env
 from kiln.render.vllm import RenderedInstance, Runtime, render_instances
 from kiln.wiring import Kiln
 
@@ -39,11 +42,22 @@ class Decision:
     plan: Plan | None = None
     rendered: list[RenderedInstance] = field(default_factory=list)
     failure: tuple[str, str] | None = None  # what, fix: nothing can be served
+    node: Node | None = None  # this machine's part of a cluster; None: it serves alone
 
     def render(self, runtime: Runtime) -> None:
         """The plan's instances for this runtime; again when the runtime changes after planning (the cache disk)."""
-        if self.plan and self.profile:
-            self.rendered = render_instances(self.plan, runtime, local_model=self.profile.local_model)
+        if not (self.plan and self.profile):
+            return
+        local = self.profile.local_model
+        if self.node is None:
+            self.rendered = render_instances(self.plan, runtime, local_model=local)
+            return
+        inst = self.plan.instances[0]
+        self.rendered = [RenderedInstance(
+            name=inst.name, port=inst.port, gpus=inst.gpus, device_minors=inst.device_minors,
+            argv=node_argv(self.plan, self.node, runtime, local_model=local),
+            env=node_env(self.plan, self.node, runtime, local_model=local), cpus=inst.cpus,
+            numa_node=inst.numa_node, data_parallel_size=self.plan.engine.data_parallel_size)]
 
     def choice_report(self) -> dict[str, Any]:
         values = json.loads(self.choice.choice.model_dump_json(exclude=set(SECRET_FIELDS), exclude_none=True))
@@ -67,7 +81,8 @@ def _refusal_problem(refusal: Refusal, profile: str, then: str) -> Problem:
 
 
 def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runtime: Runtime,
-           fallback: str = FALLBACK_PROFILE, detect: Callable[[str | None], Machine] | None = None) -> Decision:
+           fallback: str = FALLBACK_PROFILE, detect: Callable[[str | None], Machine] | None = None,
+           membership: Membership | None = None) -> Decision:
     decision = Decision(choice=resolved, problems=list(resolved.problems))
     try:
         decision.machine = (detect or kiln.machine)(machine_spec)
@@ -77,6 +92,8 @@ def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runti
     catalog = kiln.catalog()
     profile, problems = select_profile(resolved.choice, catalog, lambda path: kiln.profile(None, path), fallback)
     decision.problems += problems
+    if membership is not None:
+        return _decide_cluster(kiln, decision, profile, membership, runtime)
     alternatives = sorted(kiln.fixtures(), key=lambda m: sum(g.memory_bytes for g in m.gpus))
     bare = resolved.choice.model_copy(update={k: None for k in OVERRIDES})
     # What the user asked for; the same profile without their overrides; the image's fallback.
@@ -121,3 +138,37 @@ def _for_workload(kiln: Kiln, decision: Decision, profile: Profile, choice: Choi
                                          "output instead", "; ".join(found.suggestions) or "loosen ttft_ms/tpot_ms"))
         return plan
     return replace(found.chosen.plan, explanation=found.chosen.plan.explanation + found.explanation)
+
+
+def _decide_cluster(kiln: Kiln, decision: Decision, profile: Profile, member: Membership,
+                    runtime: Runtime) -> Decision:
+    """This node's part of one model across the cluster; a model that fits one node is served by each alone."""
+    assert decision.machine is not None
+    machine, choice = decision.machine, decision.choice.choice
+    where = f"{member.nodes} x {machine.name}"
+    if profile.cpu_only:
+        found: ClusterPlan | Fleet | Refusal | Plan = cpu_pipeline(machine, member.nodes, profile, choice,
+                                                                   kiln.constants)
+    else:
+        found = plan_cluster(machine, member.nodes, profile, choice, resolve_workload(choice.workload),
+                             kiln.constants, kiln.network(),
+                             lambda p: kiln_steps(p, machine, profile, kiln.constants))
+    decision.profile = profile
+    if isinstance(found, Refusal):
+        decision.failure = (f"{profile.name} cannot be served on {where}: {found.reason}",
+                            "; ".join(found.suggestions) or "choose a smaller profile")
+        return decision
+    if isinstance(found, Fleet):
+        decision.problems.append(Problem(
+            "plan", "cluster", f"{profile.name} fits one {machine.name}, so it is not split across nodes; "
+            "this node serves it alone", f"remove `cluster` and put the nodes behind a load balancer "
+            f"(`kiln fleet up --count {member.nodes}`)"))
+        decision.plan = found.plan
+    else:
+        plan = found.plan if isinstance(found, ClusterPlan) else found
+        if isinstance(found, ClusterPlan):
+            plan = replace(plan, explanation=found.explanation)
+        decision.plan = plan
+        decision.node = Node(member.rank, member.nodes, member.head_address, member.address, member.interface)
+    decision.render(runtime)
+    return decision

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.serve.cost import TokenMeter, usd_per_million_tokens
-from kiln.serve.supervisor import READY, STARTING, Supervisor
+from kiln.serve.supervisor import HELD, READY, STARTING, Supervisor
 
 DETECTING, PLANNING, DOWNLOADING, STARTING_PHASE, READY_PHASE, DEGRADED, FAILED = (
     "detecting", "planning", "downloading", "starting", "ready", "degraded", "failed")
+JOINING = "joining"  # a cluster's node: waiting for the other nodes before its engine starts
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class AgentState:
     tls: dict[str, Any] | None = None  # the certificate's mode, fingerprint, names and expiry; never the key
     keys: list[dict[str, Any]] = field(default_factory=list)  # each key's name and rate limit; never the key
     reload: dict[str, Any] | None = None  # the last `kiln reload`: when, and what it changed
+    cluster: dict[str, Any] | None = None  # this node's part: rank, head, and on the head every node
     started_at: str = field(default_factory=_now_text)
 
     def __post_init__(self) -> None:
@@ -67,9 +69,11 @@ class AgentState:
 
     def current_phase(self) -> str:
         """Before serving, the phase set by the boot loop; after, what the instances say."""
-        if self.phase in (DETECTING, PLANNING, DOWNLOADING, FAILED) or self.supervisor is None:
+        if self.phase in (DETECTING, PLANNING, DOWNLOADING, FAILED, JOINING) or self.supervisor is None:
             return self.phase
         states = [m.state for m in self.supervisor.instances]
+        if states and all(s == HELD for s in states):
+            return JOINING
         if states and all(s == READY for s in states):
             return DEGRADED if (self.self_check or {}).get("degraded") else READY_PHASE
         if any(s == READY for s in states):
@@ -119,5 +123,6 @@ class AgentState:
             "download": self.download,
             "cache": self.cache,
             "startup": self.startup,
+            "cluster": self.cluster,
             "gpus": self.telemetry() if with_telemetry else [],
         }

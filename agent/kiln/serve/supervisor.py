@@ -22,6 +22,7 @@ log = logging.getLogger("kiln.supervisor")
 
 STARTING, READY, UNRESPONSIVE, RESTARTING, STOPPED = "starting", "ready", "unresponsive", "restarting", "stopped"
 PENDING = "pending"  # added by a rolling change; the loop's own thread starts it
+HELD = "held"  # stopped on purpose until released: a cluster's engine while a node is missing
 
 
 class Process(Protocol):
@@ -81,6 +82,8 @@ class Member:
     last_exit: int | None = None
     last_error: str | None = None
     retiring: bool = False  # being replaced by a rolling change: no restart, no probe, no route
+    held: bool = False  # kept stopped until release(); set before start() to start it later
+    launches: int = 0  # how many times it has been started
 
     @property
     def name(self) -> str:
@@ -126,7 +129,10 @@ class Supervisor:
     def start(self) -> None:
         now = self.clock()
         for member in self.members():
-            self._launch(member, now)
+            if member.held:
+                self._set(member, HELD, now, "held until released")
+            else:
+                self._launch(member, now)
         self._thread = threading.Thread(target=self._loop, name="kiln-supervisor", daemon=True)
         self._thread.start()
 
@@ -159,6 +165,26 @@ class Supervisor:
     def ready_instances(self) -> list[Member]:
         with self._lock:
             return [m for m in self.instances if m.state == READY]
+
+    # -- holding an engine -------------------------------------------------------------------------------------
+    def hold(self, member: Member, why: str) -> None:
+        """Out of routing and stopped, and not restarted until release()."""
+        with self._lock:
+            member.held = True
+        self._unroute(member)
+        if member.running:
+            code = member.running.stop(self.settings.stop_grace_s)
+            member.last_exit = code
+        with self._lock:
+            member.running = None
+        self._set(member, HELD, self.clock(), f"held: {why}")
+
+    def release(self, member: Member) -> None:
+        """Start a held member again, from the loop's own thread (see roll())."""
+        with self._lock:
+            member.held, member.state, member.next_start = False, PENDING, self.clock()
+            member.failures_in_a_row = 0
+        self._note(member, "released")
 
     # -- a rolling change ---------------------------------------------------------------------------------------
     def roll(self, new: list[Member], drain: Callable[[Member], None], ready_timeout_s: float) -> str | None:
@@ -207,13 +233,13 @@ class Supervisor:
     def tick(self) -> None:
         now = self.clock()
         for member in self.members():
-            if member.retiring:
+            if member.retiring or member.held:
                 continue
             self._check_exit(member, now)
             if member.state in (RESTARTING, PENDING) and now >= member.next_start and not self._stop.is_set():
                 self._launch(member, now)
         due = [m for m in self.members() if m.probe_url and m.running and m.state != RESTARTING
-               and now >= m.next_probe and not m.retiring]
+               and now >= m.next_probe and not m.retiring and not m.held]
         results = list(self._pool.map(lambda m: self.probe(m.probe_url or ""), due))
         now = self.clock()
         for member, ok in zip(due, results, strict=True):
@@ -269,6 +295,7 @@ class Supervisor:
             return
         if member.state == RESTARTING:
             member.restarts += 1
+        member.launches += 1
         member.probe_failures, member.next_probe = 0, now
         self._set(member, STARTING if member.probe_url else READY, now, f"started, pid {member.running.pid}")
 
