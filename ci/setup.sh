@@ -13,7 +13,7 @@ VLLM_VERSION=0.32.0
 # (their pins would fight vLLM's in the main one).
 DEBIAN_TOOLS=(nginx:nginx packer:packer mmdebstrap:mmdebstrap sfdisk:fdisk qemu-img:qemu-utils
               qemu-system-x86_64:qemu-system-x86 genisoimage:genisoimage ssh:openssh-client
-              pebble:pebble testssl:testssl.sh nmap:nmap)
+              pebble:pebble testssl:testssl.sh nmap:nmap ufw:ufw)
 missing=()
 for pair in "${DEBIAN_TOOLS[@]}"; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${pair%%:*}" ] || missing+=("${pair##*:}")

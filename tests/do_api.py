@@ -9,6 +9,7 @@ deletes; errors as `{"id", "message"}`. Every request is recorded, so tests can 
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import threading
@@ -16,10 +17,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-TOKEN = "dop_v1_test"
+TOKEN = "dop_v1_kilntest0123456789abcdef"  # the shape of a real token: do_token takes 16 or more characters
 
 
 def _size(slug: str, hourly: float, regions: list[str], gpus: int = 0, vram_gib: int = 0, model: str = "") -> dict:
@@ -266,3 +268,21 @@ def serve_api(state: State | None = None) -> Iterator[tuple[str, State]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def main() -> None:
+    """The API on HOST:PORT with the droplets of a JSON file (a list of droplet objects), e.g. inside a network
+    namespace for agents to find each other by tag: python -m tests.do_api --bind 10.231.0.1:8088 --droplets F"""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--bind", required=True, help="HOST:PORT")
+    parser.add_argument("--droplets", type=Path, required=True)
+    args = parser.parse_args()
+    state = State()
+    for droplet in json.loads(args.droplets.read_text(encoding="utf-8")):
+        state.droplets[int(droplet["id"])] = {**droplet, "_seen": True}
+    host, port = args.bind.rsplit(":", 1)
+    ThreadingHTTPServer((host, int(port)), _handler(state)).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

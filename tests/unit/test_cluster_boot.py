@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 from tests.do_api import TOKEN, State, serve_api
+from tests.do_metadata import droplet_metadata, metadata_service
 from tests.unit.test_supervisor import FAST, RecordedRouting, free_port, server, wait_until
 
 from kiln.choice.resolve import merge
@@ -106,36 +102,10 @@ def test_tagged_gpu_droplets_are_read_from_the_api_page_by_page() -> None:
         assert "refused do_token (401)" in refused.value.what and "droplet:read" in refused.value.fix
 
 
-@contextmanager
-def metadata_service(body: dict[str, Any]) -> Iterator[str]:
-    """A droplet's metadata service (GET /metadata/v1.json), as DigitalOcean's answers it."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(200 if self.path == "/metadata/v1.json" else 404)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/metadata/v1.json"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
 def test_a_node_waits_for_the_other_tagged_droplets_then_finds_its_rank() -> None:
     with serve_api() as (url, state):
         first = gpu_droplet(state, "big-0", ["kiln-cluster:big"], "10.116.0.2")
-        metadata = {"droplet_id": first, "hostname": "big-0",
-                    "interfaces": {"private": [{"ipv4": {"ip_address": "10.116.0.2"}}]}}
-        with metadata_service(metadata) as metadata_url:
+        with metadata_service(droplet_metadata(first, "big-0", "10.116.0.2", ["kiln-cluster:big"])) as metadata_url:
             assert droplet_identity(metadata_url=metadata_url) == (first, "10.116.0.2")
             options = ClusterOptions(do_api_url=url, retry_s=0.05,
                                      metadata_get=lambda: droplet_identity(metadata_url=metadata_url))
@@ -185,8 +155,7 @@ def test_the_head_starts_when_every_node_answers_and_restarts_all_when_one_is_lo
     head = report(0, running=False, generation=0, launches=0)
     roster = Roster(3, head, ("big-0", "big-1", "big-2"), lost_after_s=10, since=0.0)
     assert roster.step(1.0, head_launches=0) is None
-    assert roster.waiting_for(1.0) == ["big-1 (rank 1) has not reported for 1 s",
-                                       "big-2 (rank 2) has not reported for 1 s"]
+    assert roster.waiting_for(1.0) == ["big-1 (rank 1): no report in 1 s", "big-2 (rank 2): no report in 1 s"]
     roster.record(report(1, running=False, generation=0, launches=0), 2.0)
     roster.record(report(2, running=False, generation=0, launches=0), 2.0)
     assert roster.step(2.0, head_launches=0) == "start"
@@ -211,7 +180,7 @@ def test_the_head_starts_when_every_node_answers_and_restarts_all_when_one_is_lo
     assert roster.step(20.0, head_launches=2) == "stop"
     assert roster.lost == ["big-1 (rank 1, 10.116.0.3) stopped answering 11 s ago"]
     assert roster.step(21.0, head_launches=2) is None  # not until rank 1 answers again
-    assert roster.waiting_for(21.0) == ["big-1 (rank 1, 10.116.0.3) has not reported for 12 s"]
+    assert roster.waiting_for(21.0) == ["big-1 (rank 1, 10.116.0.3): no report in 12 s"]
     view = {r["rank"]: r for r in roster.view(21.0)}
     assert not view[1]["up"] and view[2]["up"] and not view[0]["joined"]
     roster.record(report(1, generation=2, launches=2), 22.0)
@@ -269,7 +238,7 @@ def test_two_watches_start_both_engines_and_restart_both_when_the_worker_engine_
         wait_until(lambda: head.state.last_error is not None)
         assert head.state.last_error is not None
         lost = head.state.last_error.what
-        assert f"node lost: {socket.gethostname()} (rank 1, 127.0.0.1): its engine stopped (exited with code -9" in lost
+        assert "node lost: pair-1 (rank 1, 127.0.0.1): its engine stopped (exited with code -9" in lost
         assert "restarts on all nodes" in head.state.last_error.fix
         wait_until(lambda: head.engine.launches == 2 and worker.generation == 2 and bool(head.view()["complete"]))
         assert head.view()["generation"] == 2

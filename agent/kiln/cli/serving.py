@@ -144,10 +144,13 @@ def cmd_agent(kiln: Kiln, args: argparse.Namespace) -> int:
                            machine=args.machine, vllm_command=_agent_vllm(), advertised_host=_primary_address(),
                            motd_file=args.motd, systemd=systemd, proxy_user=PROXY_USER if systemd else None,
                            router=RouterSettings(policy=args.router_policy), process_started=_process_started(),
-                           tls_names=_machine_names(),
-                           cluster=ClusterOptions(firewall=systemd,
-                                                  do_api_url=os.environ.get("DIGITALOCEAN_API_URL", DO_API_URL)))
+                           tls_names=_machine_names(), cluster=_cluster_options(firewall=systemd))
     return _serve(Agent(kiln, options))
+
+
+def _cluster_options(*, firewall: bool) -> ClusterOptions:
+    """DIGITALOCEAN_API_URL points the search for the cluster's droplets at another API address."""
+    return ClusterOptions(firewall=firewall, do_api_url=os.environ.get("DIGITALOCEAN_API_URL", DO_API_URL))
 
 
 def _config_layer(path: Path | None) -> list[Layer]:
@@ -204,7 +207,8 @@ def cmd_up(kiln: Kiln, args: argparse.Namespace) -> int:
                            router=RouterSettings(policy=args.router_policy), process_started=_process_started(),
                            self_check=None if args.no_self_check else SelfCheckSettings(),
                            tls_names=("127.0.0.1", "localhost", *((args.host,) if args.host != "0.0.0.0" else
-                                                                  _machine_names())))
+                                                                  _machine_names())),
+                           cluster=_cluster_options(firewall=False))
     agent = Agent(kiln, options)
     print(f"kiln up: {args.profile} on this machine; state in {layout.state_dir}")
     print(f"  endpoint  {layout.endpoint_url(options.advertised_host, args.tls != 'off')}/v1   (OpenAI API; "
@@ -300,8 +304,9 @@ def status_text(s: dict[str, Any]) -> str:
     if s.get("tls"):
         lines.append(tls_line(s["tls"]))
     if plan:
+        stages = f" x PP{plan['pipeline_parallel_size']}" if plan.get("pipeline_parallel_size", 1) > 1 else ""
         lines.append(f"serving   {plan.get('profile')} ({plan.get('quantization')}, "
-                     f"TP{plan.get('tensor_parallel_size')} x {len(plan.get('instances', []))})")
+                     f"TP{plan.get('tensor_parallel_size')}{stages} x {len(plan.get('instances', []))})")
     download = s.get("download")
     if download:
         baked = download.get("state") == "baked"

@@ -79,6 +79,8 @@ def plan_dict(plan: Plan, rendered: list[RenderedInstance], machine: Machine) ->
         "quantization": plan.quantization,
         "kv_cache_dtype": plan.kv_cache_dtype,
         "tensor_parallel_size": plan.tensor_parallel_size,
+        "pipeline_parallel_size": plan.engine.pipeline_parallel_size,
+        "data_parallel_size": plan.engine.data_parallel_size,
         "max_model_len": plan.engine.max_model_len,
         "model": plan.engine.model,
         "speculative_config": plan.engine.speculative_config,

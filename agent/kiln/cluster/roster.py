@@ -82,21 +82,27 @@ class Roster:
         for rank in range(1, self.nodes):
             s = self.seen.get(rank)
             if s is None:
-                out.append(f"{self._name(rank)} has not reported for {now - self.since:.0f} s")
+                out.append(f"{self._name(rank)}: no report in {now - self.since:.0f} s")
             elif not self._up(rank, now):
-                out.append(f"{s.report.name} (rank {rank}, {s.report.address}) has not reported for "
-                           f"{now - s.at:.0f} s")
+                out.append(f"{self._who(rank, s.report)}: no report in {now - s.at:.0f} s")
         return out
 
     def _name(self, rank: int) -> str:
         return f"{self.names[rank]} (rank {rank})" if rank < len(self.names) else f"rank {rank}"
+
+    def _known(self, rank: int, reported: str | None) -> str | None:
+        """The droplet's name where discovery gave it, else the host name the node reports."""
+        return self.names[rank] if rank < len(self.names) else reported
+
+    def _who(self, rank: int, report: NodeReport) -> str:
+        return f"{self._known(rank, report.name)} (rank {rank}, {report.address})"
 
     def _lost(self, now: float) -> list[str]:
         out = []
         for rank, s in sorted(self.seen.items()):
             if s.joined_at_launch is None:
                 continue
-            who = f"{s.report.name} (rank {rank}, {s.report.address})"
+            who = self._who(rank, s.report)
             if not self._up(rank, now):
                 out.append(f"{who} stopped answering {now - s.at:.0f} s ago")
             elif not s.report.engine_running:
@@ -131,15 +137,17 @@ class Roster:
 
     def view(self, now: float) -> list[dict[str, Any]]:
         """Every node: up, joined, its GPUs; the head first."""
-        rows = [{**self.head.as_dict(), "up": True, "joined": self.engine_on, "last_report_s": 0.0}]
+        rows = [{**self.head.as_dict(), "name": self._known(0, self.head.name), "up": True, "joined": self.engine_on,
+                 "last_report_s": 0.0}]
         for rank in range(1, self.nodes):
             s = self.seen.get(rank)
             if s is None:
-                rows.append({"rank": rank, "name": self.names[rank] if rank < len(self.names) else None,
+                rows.append({"rank": rank, "name": self._known(rank, None),
                              "address": None, "up": False, "joined": False,
                              "last_report_s": None})
                 continue
-            rows.append({**s.report.as_dict(), "up": self._up(rank, now), "joined": self._joined(rank, now),
+            rows.append({**s.report.as_dict(), "name": self._known(rank, s.report.name), "up": self._up(rank, now),
+                         "joined": self._joined(rank, now),
                          "last_report_s": round(now - s.at, 1)})
         return rows
 
