@@ -72,6 +72,10 @@ def test_the_nodes_that_cannot_form_the_cluster_yet_say_why_and_how_to_fix_it() 
     assert isinstance(untagged, NotYet) and "doctl compute droplet tag 999 --tag-name kiln-cluster:big" in untagged.fix
     extra = from_droplets(SETTING, 907, droplets(305, 611, 907), "eth1")
     assert isinstance(extra, NotYet) and extra.final and "raise cluster.nodes to 3" in extra.fix
+    apart = from_droplets(SETTING, 305, [Droplet(305, "a", "10.116.0.2", "vpc-1"), Droplet(611, "b", "10.117.0.2",
+                                                                                      "vpc-2")], "eth1")
+    assert isinstance(apart, NotYet) and apart.final and "in 2 VPCs (a: vpc-1, b: vpc-2)" in apart.what
+    assert "--vpc-uuid" in apart.fix
     no_vpc = from_droplets(SETTING, 305, [*droplets(305), Droplet(611, "node-611", None)], "eth1")
     assert isinstance(no_vpc, NotYet) and "node-611 has no private address" in no_vpc.what
 
@@ -79,7 +83,7 @@ def test_the_nodes_that_cannot_form_the_cluster_yet_say_why_and_how_to_fix_it() 
 def gpu_droplet(state: State, name: str, tags: list[str], private: str) -> int:
     droplet_id = next(state.ids)
     state.droplets[droplet_id] = {
-        "id": droplet_id, "name": name, "status": "active", "tags": tags, "_seen": True,
+        "id": droplet_id, "name": name, "status": "active", "tags": tags, "_seen": True, "vpc_uuid": "vpc-1",
         "gpu_info": {"count": 8, "model": "nvidia_h100"}, "networks": {"v4": [
             {"ip_address": private, "netmask": "255.255.240.0", "type": "private"},
             {"ip_address": "203.0.113.9", "netmask": "255.255.255.0", "type": "public"}]}}
@@ -93,6 +97,7 @@ def test_tagged_gpu_droplets_are_read_from_the_api_page_by_page() -> None:
         api = DigitalOceanDroplets(TOKEN, url)
         found = api.tagged("kiln-cluster:big")
         assert [d.id for d in found] == ids and found[0].private_address == "10.116.0.2"
+        assert found[0].vpc_uuid == "vpc-1"
         # Both lists, since the API lists GPU droplets only with type=gpus and not with tag_name beside it.
         queries = [r.query for r in state.requests if r.path == "/v2/droplets"]
         assert {"tag_name": "kiln-cluster:big", "per_page": "200"} in queries

@@ -38,7 +38,9 @@ def droplets_from_api(body: Any, tag: str) -> list[Droplet]:
     out = []
     for d in (body or {}).get("droplets") or []:
         if isinstance(d, dict) and tag in (d.get("tags") or []) and isinstance(d.get("id"), int):
-            out.append(Droplet(int(d["id"]), str(d.get("name") or d["id"]), _private_v4(d.get("networks"))))
+            vpc = d.get("vpc_uuid")
+            out.append(Droplet(int(d["id"]), str(d.get("name") or d["id"]), _private_v4(d.get("networks")),
+                               vpc if isinstance(vpc, str) else None))
     return out
 
 

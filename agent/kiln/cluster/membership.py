@@ -18,6 +18,7 @@ class Droplet:
     id: int
     name: str
     private_address: str | None
+    vpc_uuid: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,12 @@ def from_droplets(setting: ClusterSetting, own_id: int, droplets: Sequence[Dropl
         return NotYet(f"{len(tagged)} droplets are tagged {tag} but the cluster has {setting.nodes} nodes; this one "
                       f"({own_id}) is not among the {setting.nodes} oldest, so it takes no part",
                       f"delete it, or raise cluster.nodes to {len(tagged)} on every node", final=True)
+    vpcs = {d.vpc_uuid for d in chosen if d.vpc_uuid}
+    if len(vpcs) > 1:
+        return NotYet(f"the droplets tagged {tag} are in {len(vpcs)} VPCs ("
+                      f"{', '.join(f'{d.name}: {d.vpc_uuid}' for d in chosen)}); nodes reach each other only "
+                      "inside one", "recreate them in one VPC (doctl compute droplet create --vpc-uuid ...)",
+                      final=True)
     missing = [d.name for d in chosen if not d.private_address]
     if missing:
         return NotYet(f"{', '.join(missing)} has no private address yet",
