@@ -2,8 +2,10 @@
 for the same tiny model, pipeline-parallel 2 over two "nodes" on this machine.
 
 Run (from the repository root; the lock keeps it off other heavy vLLM runs on a small machine):
-    flock /tmp/kiln-cpu.lock timeout 1800 .venv/bin/python -m benchmarks.executor_backends [--backends mp,ray]
-        [--requests 8] [--batch 4] [--max-tokens 32] [--ray-path /tmp/ray-target]
+    flock /tmp/kiln-cpu.lock timeout 1800 .venv/bin/python -m benchmarks.executor_backends
+        [--backends mp,ray,ray-legacy,mp] [--requests 8] [--batch 4] [--max-tokens 32] [--ray-path /tmp/ray-target]
+Ray itself, outside the virtualenv (vLLM's CI tests ray==2.48.0; msgpack is the one dependency it lacks here):
+    .venv/bin/python -m pip install --target /tmp/ray-target --no-deps ray==2.48.0 'msgpack>=1,<2'
 
 The two nodes are two network namespaces (kiln-bench0, kiln-bench1) joined by a veth pair (10.232.0.1/24 and
 10.232.0.2/24), made here and removed at the end with every process left in them, whatever happens.
@@ -11,7 +13,9 @@ The two nodes are two network namespaces (kiln-bench0, kiln-bench1) joined by a 
   worker node `--headless`, vLLM's CPU backend, the tiny model with dummy weights.
 - ray: `ray start --head` on node 0 and `ray start --address 10.232.0.1:6379` on node 1 (Ray imported from
   --ray-path, outside the virtualenv: vLLM does not depend on Ray), then one `vllm serve ...
-  --distributed-executor-backend ray` on node 0, the same flags otherwise.
+  --distributed-executor-backend ray` on node 0, the same flags otherwise; ray-legacy the same with
+  VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0 (RayDistributedExecutor rather than vLLM 0.32's default RayExecutorV2).
+A backend named twice runs twice: the spread between two runs of one backend is the noise floor of this machine.
 For each: seconds from the first launch to the head's /health answering 200 (for Ray, the cluster's own formation
 too), one warm-up completion, N sequential completions (latency, output tok/s), a concurrent batch (output tok/s),
 the resident memory of every process in both namespaces once serving, and the seconds to stop on SIGTERM. The
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -59,10 +64,12 @@ NAMESPACES = ("kiln-bench0", "kiln-bench1")
 LINKS = ("kiln-b0", "kiln-b1")
 ADDRESSES = ("10.232.0.1", "10.232.0.2")
 RAY_PORT = 6379
+# ray: vLLM's default Ray executor (RayExecutorV2); ray-legacy: VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0, the older one.
+BACKENDS = ("mp", "ray", "ray-legacy")
 PROMPT = "The quick brown fox jumps over the lazy dog and"
 # Generic last lines of a failed start; the root cause is printed before them.
 WRAPPER_ERRORS = ("Engine core initialization failed", "Worker failed", "Failed core proc", "died unexpectedly")
-ERROR_LINE = re.compile(r"\b(?:[A-Z]\w*)?(?:Error|Exception|Exit): .+|\bPANIC .+")
+ERROR_LINE = re.compile(r"(?:^|\] )((?:[A-Z]\w*)?(?:Error|Exception|Exit): .+)|\b(PANIC .+)")
 
 
 # --- two namespaces ---------------------------------------------------------------------------------------------
@@ -121,14 +128,15 @@ def curl(port: int, path: str, timeout_s: int = 5) -> str:
         return ""
 
 
-def rss_mib() -> float:
-    """Resident memory of every process in both namespaces (shared pages counted in each)."""
-    total = 0
+def rss_mib() -> tuple[float, int]:
+    """Resident memory of every process in both namespaces (shared pages counted in each), and how many."""
+    total, count = 0, 0
     for ns in NAMESPACES:
         for pid in namespace_pids(ns):
             with contextlib.suppress(psutil.Error):
                 total += psutil.Process(pid).memory_info().rss
-    return total / 2**20
+                count += 1
+    return total / 2**20, count
 
 
 def process_name(pid: int) -> str:
@@ -175,14 +183,16 @@ class Result:
     healthy_s: float | None = None
     ray_cluster_s: float | None = None  # `ray start` on both nodes until both are alive in the cluster
     ray_daemons_mib: float | None = None  # the Ray cluster's own processes, before vLLM starts
+    ray_daemons: int = 0
     warmup_s: float | None = None
     latencies_s: list[float] = dataclasses.field(default_factory=list)
     sequential_tok_s: float | None = None
     batch_tok_s: float | None = None
     batch_wall_s: float | None = None
     rss_mib: float | None = None
+    processes: int = 0
     stop_s: float | None = None
-    killed_after_sigterm: list[str] = dataclasses.field(default_factory=list)  # still there 60 s after SIGTERM
+    killed_after_sigterm: list[str] = dataclasses.field(default_factory=list)  # still there 30 s after SIGTERM
     failure: str = ""
     errors: list[str] = dataclasses.field(default_factory=list)
 
@@ -194,6 +204,8 @@ class Bench:
     logs: Path
     ray_path: str
     args: argparse.Namespace
+    name: str  # the backend, naming its logs
+    scratch: Path  # this run's temporary folder: Ray's session files go there, not to /tmp/ray
     procs: list[subprocess.Popen[bytes]] = dataclasses.field(default_factory=list)
 
     @property
@@ -213,9 +225,9 @@ class Bench:
         return env
 
     def launch(self, rank: int, argv: Sequence[str], env: dict[str, str], log_name: str) -> subprocess.Popen[bytes]:
-        log = (self.logs / log_name).open("ab")
-        proc = subprocess.Popen(in_namespace(rank, argv), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=REPO)
+        with (self.logs / log_name).open("ab") as log:  # the child keeps its own copy
+            proc = subprocess.Popen(in_namespace(rank, argv), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=REPO)
         self.procs.append(proc)
         return proc
 
@@ -227,7 +239,8 @@ class Bench:
                 return True
             if head.poll() is not None:
                 result.errors = error_lines(self.logs, logs)
-                result.failure = f"the head exited ({head.returncode}) before /health said 200"
+                result.failure = (f"the head exited ({head.returncode}) {time.monotonic() - began:.0f} s after launch,"
+                                  " before /health said 200")
                 return False
             time.sleep(2)
         result.errors = error_lines(self.logs, logs)
@@ -235,7 +248,7 @@ class Bench:
         return False
 
     def measure(self, result: Result) -> None:
-        result.rss_mib = rss_mib()
+        result.rss_mib, result.processes = rss_mib()
         argv = [sys.executable, "-m", "benchmarks.executor_backends", "client", "--port", str(self.port),
                 "--model", self.plan.engine.served_model_names[0], "--requests", str(self.args.requests),
                 "--batch", str(self.args.batch), "--max-tokens", str(self.args.max_tokens)]
@@ -256,22 +269,31 @@ class Bench:
         if out.get("error"):
             result.failure = f"a request failed: {out['error']}"
 
-    def stop(self, result: Result) -> None:
-        """SIGTERM to everything this backend started, in both namespaces; SIGKILL what is left after 60 s."""
+    def stop(self, result: Result, ray: bool = False) -> None:
+        """SIGTERM, in turn, to each group of the processes in both namespaces; SIGKILL to what is left of a group
+        after 30 s. mp: all at once. Ray: vLLM first, then in `ray stop`'s order (ray/scripts/scripts.py): the
+        raylets, the other daemons, the GCS last (`ray stop` itself is per machine: here it would reach both nodes)."""
+        launched = {proc.pid for proc in self.procs}
+        groups: list[Callable[[psutil.Process], bool]] = [lambda p: True]
+        if ray:
+            groups = [lambda p: os.getpgid(p.pid) in launched, lambda p: "raylet" in " ".join(p.cmdline()[:1]),
+                      lambda p: "gcs_server" not in " ".join(p.cmdline()[:1]), lambda p: True]
         began = time.monotonic()
-        pids = {pid for ns in NAMESPACES for pid in namespace_pids(ns)}
-        for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        while time.monotonic() - began < 60 and any(namespace_pids(ns) for ns in NAMESPACES):
-            time.sleep(0.5)
+        for group in groups:
+            targets = []
+            for pid in {pid for ns in NAMESPACES for pid in namespace_pids(ns)}:
+                with contextlib.suppress(psutil.Error, ProcessLookupError):
+                    process = psutil.Process(pid)
+                    if group(process):
+                        process.terminate()
+                        targets.append(process)
+            _, alive = psutil.wait_procs(targets, timeout=30)
+            for process in alive:
+                result.killed_after_sigterm.append(process_name(process.pid))
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
         result.stop_s = time.monotonic() - began
-        left = [pid for ns in NAMESPACES for pid in namespace_pids(ns)]
-        result.killed_after_sigterm = [process_name(pid) for pid in left]
-        for pid in left:
+        for pid in [pid for ns in NAMESPACES for pid in namespace_pids(ns)]:  # started since, by a dying process
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for proc in self.procs:
@@ -282,19 +304,19 @@ class Bench:
     # -- the backends --
 
     def run_mp(self) -> Result:
-        result = Result("mp")
+        result = Result(self.name)
         began = time.monotonic()
         for rank in (1, 0):  # the worker node first, as kiln's agents may start them in any order
             self.launch(rank, node_argv(self.plan, self.node(rank), self.runtime, local_model=True),
-                        self.env(rank, ray=False), f"mp-node{rank}.log")
+                        self.env(rank, ray=False), f"{self.name}-node{rank}.log")
         head = self.procs[-1]
-        if self.wait_healthy(head, began, result, ["mp-node0.log", "mp-node1.log"]):
+        if self.wait_healthy(head, began, result, [f"{self.name}-node0.log", f"{self.name}-node1.log"]):
             self.measure(result)
         self.stop(result)
         return result
 
     def ray_cli(self, rank: int, *args: str) -> subprocess.CompletedProcess[str]:
-        log = self.logs / f"ray-cli-node{rank}.log"
+        log = self.logs / f"{self.name}-cli-node{rank}.log"
         with log.open("a") as out:  # a file, not a pipe: `ray start` leaves daemons holding its stdout
             proc = subprocess.run(in_namespace(rank, [sys.executable, "-m", "ray.scripts.scripts", *args]),
                                   env=self.env(rank, ray=True), stdout=out, stderr=subprocess.STDOUT, text=True,
@@ -313,40 +335,43 @@ class Bench:
         lines = reply.stdout.strip().splitlines()
         return int(lines[-1]) if lines and lines[-1].isdigit() else 0
 
-    def run_ray(self) -> Result:
-        result = Result("ray")
+    def run_ray(self, legacy: bool = False) -> Result:
+        result = Result(self.name)
         if not (Path(self.ray_path) / "ray" / "__init__.py").exists():
             result.failure = f"Ray is not at {self.ray_path} (pip install --target {self.ray_path} ray==2.48.0)"
             return result
         began = time.monotonic()
         common = ["--num-cpus", "2", "--num-gpus", "0", "--disable-usage-stats"]
         head = self.ray_cli(0, "start", "--head", "--node-ip-address", ADDRESSES[0], "--port", str(RAY_PORT),
-                            "--include-dashboard", "false", *common)
+                            "--include-dashboard", "false", "--temp-dir", str(self.scratch / "r"),
+                            *common)
         joined = head.returncode == 0 and self.ray_cli(
             1, "start", "--address", f"{ADDRESSES[0]}:{RAY_PORT}", "--node-ip-address", ADDRESSES[1],
             *common).returncode == 0
-        logs = ["ray-cli-node0.log", "ray-cli-node1.log"]
+        logs = [f"{self.name}-cli-node0.log", f"{self.name}-cli-node1.log"]
         if not joined:
             result.errors = error_lines(self.logs, logs)
             result.failure = "`ray start` failed"
-            self.stop(result)
+            self.stop(result, ray=True)
             return result
         while time.monotonic() - began < 300 and self.ray_nodes_alive() < 2:
             time.sleep(2)
         result.ray_cluster_s = time.monotonic() - began
-        result.ray_daemons_mib = rss_mib()
+        result.ray_daemons_mib, result.ray_daemons = rss_mib()
         if self.ray_nodes_alive() < 2:
             result.failure = "the Ray cluster did not reach 2 alive nodes within 300 s"
-            self.stop(result)
+            self.stop(result, ray=True)
             return result
         argv = [*self.runtime.serve_command(),
                 *vllm_args(self.plan, self.plan.instances[0], self.runtime, local_model=True),
                 "--distributed-executor-backend", "ray"]
-        env = {**self.env(0, ray=True), "RAY_ADDRESS": f"{ADDRESSES[0]}:{RAY_PORT}"}
-        vllm = self.launch(0, argv, env, "ray-vllm-head.log")
-        if self.wait_healthy(vllm, began, result, ["ray-vllm-head.log", *logs]):
+        env = {**self.env(0, ray=True), "RAY_ADDRESS": f"{ADDRESSES[0]}:{RAY_PORT}",
+               # vLLM 0.32's default Ray executor is RayExecutorV2; 0 picks the older RayDistributedExecutor.
+               "VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "0" if legacy else "1"}
+        vllm = self.launch(0, argv, env, f"{self.name}-head.log")
+        if self.wait_healthy(vllm, began, result, [f"{self.name}-head.log", *logs]):
             self.measure(result)
-        self.stop(result)
+        self.stop(result, ray=True)
         return result
 
 
@@ -359,8 +384,9 @@ def error_lines(folder: Path, logs: Sequence[str], most: int = 6) -> list[str]:
             continue
         for line in path.read_text(errors="replace").splitlines():
             match = ERROR_LINE.search(line)
-            if match and match.group(0) not in found:
-                found.append(match.group(0))
+            error = match and (match.group(1) or match.group(2))
+            if error and error not in found:
+                found.append(error)
     found.sort(key=lambda e: any(w in e for w in WRAPPER_ERRORS))
     return [e[:400] for e in found[:most]]
 
@@ -394,15 +420,23 @@ def report(results: Sequence[Result], args: argparse.Namespace) -> str:
                     f"batch{args.batch} tok/s", "vs mp", "RSS MiB", "stop s", "failure"], rows)]
     for r in results:
         extra = []
+        if r.rss_mib is not None:
+            extra.append(f"{r.processes} processes serving")
         if r.warmup_s is not None:
             extra.append(f"first (warm-up) completion {r.warmup_s * 1000:.0f} ms")
+        if r.latencies_s:
+            extra.append("sequential latencies ms " + " ".join(f"{x * 1000:.0f}" for x in r.latencies_s))
+        if r.batch_wall_s is not None:
+            extra.append(f"batch of {args.batch} in {r.batch_wall_s * 1000:.0f} ms")
         if r.ray_cluster_s is not None:
             extra.append(f"Ray cluster (2 nodes alive) {r.ray_cluster_s:.1f} s after `ray start --head`, its daemons"
-                         f" {_f(r.ray_daemons_mib, '{:.0f}')} MiB RSS before vLLM started")
+                         f" {r.ray_daemons} processes, {_f(r.ray_daemons_mib, '{:.0f}')} MiB RSS, before vLLM started")
         if extra:
             lines.append(f"{r.backend}: " + "; ".join(extra))
+        if len(r.failure) > 70:
+            lines.append(f"{r.backend} failure: {r.failure}")
         if r.killed_after_sigterm:
-            lines.append(f"{r.backend}: still running 60 s after SIGTERM, killed: {', '.join(r.killed_after_sigterm)}")
+            lines.append(f"{r.backend}: still running 30 s after SIGTERM, killed: {', '.join(r.killed_after_sigterm)}")
         for e in r.errors:
             lines.append(f"{r.backend} error: {e}")
     return "\n".join(lines)
@@ -421,7 +455,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         p.add_argument("--requests", type=int, default=8, help="sequential completions (default 8)")
         p.add_argument("--batch", type=int, default=4, help="concurrent completions in the batch (default 4)")
         p.add_argument("--max-tokens", type=int, default=32, help="output tokens per completion (default 32)")
-    parser.add_argument("--backends", default="mp,ray", help="comma-separated, from mp and ray (default mp,ray)")
+    parser.add_argument("--backends", default="mp,ray",
+                        help=f"comma-separated, from {', '.join(BACKENDS)}; one may repeat, for the spread "
+                             "(default mp,ray)")
     parser.add_argument("--ray-path", default="/tmp/ray-target", help="a folder Ray is pip-installed into (--target)")
     parser.add_argument("--startup-timeout", type=float, default=900, help="seconds to /health 200 (default 900)")
     parser.add_argument("--logs", help="keep the processes' logs in this folder (default: a temporary one)")
@@ -433,7 +469,7 @@ def main(argv: Sequence[str]) -> int:
     if args.mode == "client":
         return client(args)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    if unknown := set(backends) - {"mp", "ray"}:
+    if unknown := set(backends) - set(BACKENDS):
         print(f"unknown backends: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("curl") is None:
@@ -450,14 +486,16 @@ def main(argv: Sequence[str]) -> int:
         logs.mkdir(parents=True, exist_ok=True)
         models = Path(tmp) / "models"
         make_tiny_model(profile, models / plan.engine.model)
-        for backend in backends:
+        for i, backend in enumerate(backends):
+            name = backend if backend not in backends[:i] else f"{backend}-{backends[:i].count(backend) + 1}"
             print(f"{backend}: starting ...", file=sys.stderr, flush=True)
             # Empty compile caches for each backend: neither starts with the other's compiled graphs.
             runtime = Runtime(vllm_command=(sys.executable, str(SHIM)), models_dir=str(models),
-                              cache_root=str(Path(tmp) / f"cache-{backend}"),
+                              cache_root=str(Path(tmp) / f"cache-{name}"),
                               extra_env=(("HF_HOME", str(Path(tmp) / "hf")), ("HOME", str(Path(tmp) / "home"))))
-            bench = Bench(plan, runtime, logs, args.ray_path, args)
-            run: Callable[[], Result] = bench.run_mp if backend == "mp" else bench.run_ray
+            bench = Bench(plan, runtime, logs, args.ray_path, args, name, Path(tmp))
+            run: Callable[[], Result] = (bench.run_mp if backend == "mp" else
+                                         functools.partial(bench.run_ray, legacy=backend == "ray-legacy"))
             with two_namespaces():
                 try:
                     results.append(run())

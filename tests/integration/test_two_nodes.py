@@ -1,6 +1,7 @@
-"""One model on two nodes through vLLM's own multi-node path: two network namespaces joined by a veth pair, each
-running the command line kiln renders for its rank (a pipeline stage per node: `--nnodes 2 --node-rank R
---master-addr HEAD`, `--headless` on rank 1), with vLLM's CPU backend and the tiny model."""
+"""One model on two nodes through vLLM's own multi-node paths: two network namespaces joined by a veth pair, each
+running the command line kiln renders for its rank, with vLLM's CPU backend and the tiny model. Both layouts kiln
+plans across nodes: a pipeline stage per node (`--nnodes 2 --node-rank R --master-addr HEAD`) and a data-parallel
+rank per node (`--data-parallel-size-local 1 --data-parallel-address HEAD`), `--headless` on rank 1."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import kiln
 from kiln.choice.schema import Choice
 from kiln.planner.plan import make_plan
 from kiln.planner.types import Plan
-from kiln.render.cluster import Node, node_argv, node_env
+from kiln.render.cluster import DP_RPC_PORT, Node, node_argv, node_env
 from kiln.render.vllm import Runtime
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
@@ -87,16 +88,21 @@ def complete(cluster: Cluster) -> str:
     return body
 
 
-def test_two_nodes_serve_one_model_and_recover_from_a_killed_worker_node(kiln: Kiln, tmp_path: Path,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def two_node_cluster(kiln: Kiln, tmp_path: Path, **engine: int) -> Cluster:
+    """The tiny model over the two nodes, laid out by `engine` (pipeline_parallel_size or data_parallel_size)."""
     profile = kiln.catalog().get("tiny-cpu")
     one = make_plan(kiln.machine(None), profile, Choice(instances=1), kiln.constants)
     assert isinstance(one, Plan)
-    plan = dataclasses.replace(one, engine=dataclasses.replace(one.engine, pipeline_parallel_size=2))
+    plan = dataclasses.replace(one, engine=dataclasses.replace(one.engine, **engine))
     models = tmp_path / "models"
     make_tiny_model(profile, models / plan.engine.model)
-    cluster = Cluster(plan, Runtime(vllm_command=(sys.executable, str(SHIM)), models_dir=str(models),
-                                    extra_env=(("HF_HOME", str(tmp_path / "hf")),)), tmp_path)
+    return Cluster(plan, Runtime(vllm_command=(sys.executable, str(SHIM)), models_dir=str(models),
+                                 extra_env=(("HF_HOME", str(tmp_path / "hf")),)), tmp_path)
+
+
+def test_two_nodes_serve_one_model_and_recover_from_a_killed_worker_node(kiln: Kiln, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = two_node_cluster(kiln, tmp_path, pipeline_parallel_size=2)
     with two_namespaces():
         try:
             cluster.start(1)
@@ -127,7 +133,35 @@ def test_two_nodes_serve_one_model_and_recover_from_a_killed_worker_node(kiln: K
               f"kill -9 the head's /health said {'200' if still else 'not 200'} and a request failed within "
               f"{lost:.0f} s; serving again {back:.0f} s after both restarted")
     assert '"text"' in first and '"text"' in again
-    # Nothing left behind: namespaces, processes, ports.
+    assert_nothing_left()
+
+
+def test_two_nodes_serve_one_model_as_two_data_parallel_ranks(kiln: Kiln, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's other multi-node path: a data-parallel rank per node, the head's API server and coordinator at
+    --data-parallel-address, the worker headless from --data-parallel-start-rank 1."""
+    cluster = two_node_cluster(kiln, tmp_path, data_parallel_size=2)
+    with two_namespaces():
+        try:
+            cluster.start(1)
+            cluster.start(0)
+            ready = wait_for("two data-parallel ranks serving", cluster.healthy, STARTUP_TIMEOUT_S, cluster)
+            answers = [complete(cluster) for _ in range(4)]
+        finally:
+            for rank in list(cluster.procs):
+                cluster.kill(rank)
+    worker = (tmp_path / "node1.log").read_text(errors="replace")
+    # The head's API server answers only once every rank's engine has reported in, the remote one included.
+    assert f"head node address tcp://{ADDRESSES[0]}:{DP_RPC_PORT}" in worker and "EngineCore_DP1" in worker
+    assert all('"text"' in a for a in answers)
+    with capsys.disabled():
+        print(f"\n  measured: two nodes as data-parallel ranks 0 and 1 (DP2 over a veth pair) serving after "
+              f"{ready:.0f} s")
+    assert_nothing_left()
+
+
+def assert_nothing_left() -> None:
+    """Namespaces and processes."""
     assert not namespaces_left()
     leftovers = [p.pid for p in psutil.process_iter(["cmdline"]) if str(SHIM) in " ".join(p.info["cmdline"] or [])]
     assert not leftovers

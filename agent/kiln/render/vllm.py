@@ -105,10 +105,10 @@ def vllm_args(plan: Plan, instance: InstancePlan, runtime: Runtime, *, local_mod
     args += ["--max-num-seqs", str(e.max_num_seqs), "--max-num-batched-tokens", str(e.max_num_batched_tokens)]
     if e.pipeline_parallel_size > 1:
         args += ["--pipeline-parallel-size", str(e.pipeline_parallel_size)]
+    if e.data_parallel_size > 1:  # any device: vLLM's CPU backend runs data parallel too
+        args += ["--data-parallel-size", str(e.data_parallel_size)]
     if e.device == "cuda":
         args += ["--tensor-parallel-size", str(e.tensor_parallel_size)]
-        if e.data_parallel_size > 1:
-            args += ["--data-parallel-size", str(e.data_parallel_size)]
         if e.enable_expert_parallel:
             args.append("--enable-expert-parallel")
         args += ["--gpu-memory-utilization", f"{e.gpu_memory_utilization:g}"]
