@@ -41,12 +41,13 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import psutil
+from tests.netns import Pair, in_namespace, namespace_pids, two_namespaces
 
 import kiln
 from kiln.choice.schema import Choice
@@ -60,9 +61,8 @@ from kiln.wiring import Kiln
 
 REPO = Path(__file__).resolve().parent.parent
 SHIM = Path(kiln.__file__).parent / "data" / "vllm" / "kiln_vllm_serve.py"
-NAMESPACES = ("kiln-bench0", "kiln-bench1")
-LINKS = ("kiln-b0", "kiln-b1")
-ADDRESSES = ("10.232.0.1", "10.232.0.2")
+BENCH = Pair(("kiln-bench0", "kiln-bench1"), ("kiln-b0", "kiln-b1"), ("10.232.0.1", "10.232.0.2"))
+NAMESPACES, LINKS, ADDRESSES = BENCH.namespaces, BENCH.links, BENCH.addresses
 RAY_PORT = 6379
 # ray: vLLM's default Ray executor (RayExecutorV2); ray-legacy: VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0, the older one.
 BACKENDS = ("mp", "ray", "ray-legacy")
@@ -72,57 +72,15 @@ WRAPPER_ERRORS = ("Engine core initialization failed", "Worker failed", "Failed 
 ERROR_LINE = re.compile(r"(?:^|\] )((?:[A-Z]\w*)?(?:Error|Exception|Exit): .+)|\b(PANIC .+)")
 
 
-# --- two namespaces ---------------------------------------------------------------------------------------------
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
-def namespace_pids(ns: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=False, timeout=30).stdout
-    return [int(p) for p in out.split()]
-
-
-def _kill_namespace(ns: str) -> None:
-    for pid in namespace_pids(ns):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def two_namespaces() -> Iterator[None]:
-    """kiln-bench0 and kiln-bench1 joined by a veth pair; removed with every process in them, whatever happens."""
-    for ns in NAMESPACES:  # a crashed run's leftovers
-        _kill_namespace(ns)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False, timeout=30)
-    try:
-        for ns in NAMESPACES:
-            _ip("netns", "add", ns)
-        _ip("link", "add", LINKS[0], "type", "veth", "peer", "name", LINKS[1])
-        for ns, link, address in zip(NAMESPACES, LINKS, ADDRESSES, strict=True):
-            _ip("link", "set", link, "netns", ns)
-            _ip("-n", ns, "addr", "add", f"{address}/24", "dev", link)
-            _ip("-n", ns, "link", "set", link, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield
-    finally:
-        for ns in NAMESPACES:
-            _kill_namespace(ns)
-        time.sleep(1)
-        for ns in NAMESPACES:
-            _kill_namespace(ns)
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False, timeout=30)
-
-
-def in_namespace(rank: int, argv: Sequence[str]) -> list[str]:
-    return ["ip", "netns", "exec", NAMESPACES[rank], *argv]
+def in_node(rank: int, argv: Sequence[str]) -> list[str]:
+    return in_namespace(NAMESPACES[rank], argv)
 
 
 def curl(port: int, path: str, timeout_s: int = 5) -> str:
     """The HTTP status of a GET on node 0's loopback, or '' when nothing answered."""
     argv = ["curl", "-s", "-o", "/dev/null", "-m", str(timeout_s), "-w", "%{http_code}", f"http://127.0.0.1:{port}{path}"]
     try:
-        return subprocess.run(in_namespace(0, argv), capture_output=True, text=True, check=False,
+        return subprocess.run(in_node(0, argv), capture_output=True, text=True, check=False,
                               timeout=timeout_s + 10).stdout.strip()
     except subprocess.TimeoutExpired:
         return ""
@@ -226,7 +184,7 @@ class Bench:
 
     def launch(self, rank: int, argv: Sequence[str], env: dict[str, str], log_name: str) -> subprocess.Popen[bytes]:
         with (self.logs / log_name).open("ab") as log:  # the child keeps its own copy
-            proc = subprocess.Popen(in_namespace(rank, argv), env=env, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(in_node(rank, argv), env=env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd=REPO)
         self.procs.append(proc)
         return proc
@@ -252,7 +210,7 @@ class Bench:
         argv = [sys.executable, "-m", "benchmarks.executor_backends", "client", "--port", str(self.port),
                 "--model", self.plan.engine.served_model_names[0], "--requests", str(self.args.requests),
                 "--batch", str(self.args.batch), "--max-tokens", str(self.args.max_tokens)]
-        reply = subprocess.run(in_namespace(0, argv), capture_output=True, text=True, check=False, cwd=REPO,
+        reply = subprocess.run(in_node(0, argv), capture_output=True, text=True, check=False, cwd=REPO,
                                timeout=60 + 300 * (self.args.requests + self.args.batch + 1))
         try:
             out = json.loads(reply.stdout.strip().splitlines()[-1])
@@ -318,7 +276,7 @@ class Bench:
     def ray_cli(self, rank: int, *args: str) -> subprocess.CompletedProcess[str]:
         log = self.logs / f"{self.name}-cli-node{rank}.log"
         with log.open("a") as out:  # a file, not a pipe: `ray start` leaves daemons holding its stdout
-            proc = subprocess.run(in_namespace(rank, [sys.executable, "-m", "ray.scripts.scripts", *args]),
+            proc = subprocess.run(in_node(rank, [sys.executable, "-m", "ray.scripts.scripts", *args]),
                                   env=self.env(rank, ray=True), stdout=out, stderr=subprocess.STDOUT, text=True,
                                   check=False, timeout=300, cwd=REPO)
         return proc
@@ -327,7 +285,7 @@ class Bench:
         code = ("import ray; ray.init(address='auto', logging_level='ERROR'); "
                 "print(sum(1 for n in ray.nodes() if n['Alive']))")
         try:
-            reply = subprocess.run(in_namespace(0, [sys.executable, "-c", code]), env={
+            reply = subprocess.run(in_node(0, [sys.executable, "-c", code]), env={
                 **self.env(0, ray=True), "RAY_ADDRESS": f"{ADDRESSES[0]}:{RAY_PORT}"}, capture_output=True,
                 text=True, check=False, timeout=120, cwd=REPO)
         except subprocess.TimeoutExpired:
@@ -496,7 +454,7 @@ def main(argv: Sequence[str]) -> int:
             bench = Bench(plan, runtime, logs, args.ray_path, args, name, Path(tmp))
             run: Callable[[], Result] = (bench.run_mp if backend == "mp" else
                                          functools.partial(bench.run_ray, legacy=backend == "ray-legacy"))
-            with two_namespaces():
+            with two_namespaces(BENCH):
                 try:
                     results.append(run())
                 finally:

@@ -1,4 +1,5 @@
-"""Two network namespaces joined by a veth pair, each with its own address: two "nodes" on one machine."""
+"""Two network namespaces joined by a veth pair, each with its own address: two "nodes" on one machine. The tests
+and the multi-node benchmarks share it; each names its own pair, so they never meet."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-
-import pytest
 
 
 @dataclass(frozen=True)
@@ -25,17 +25,39 @@ NODES = Pair(("kiln-node0", "kiln-node1"), ("kiln-n0", "kiln-n1"), ("10.231.0.1"
 NAMESPACES, LINKS, ADDRESSES = NODES.namespaces, NODES.links, NODES.addresses
 
 
+def can_make_namespaces() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None
+
+
 def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+def namespace_pids(ns: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=False, timeout=30).stdout
+    return [int(p) for p in out.split()]
+
+
+def _kill_all(ns: str) -> None:
+    for pid in namespace_pids(ns):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _remove(pair: Pair) -> None:
+    """Every process in them killed, twice (a dying process may start another), then the namespaces."""
+    for ns in pair.namespaces:
+        _kill_all(ns)
+    time.sleep(0.5)
+    for ns in pair.namespaces:
+        _kill_all(ns)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False, timeout=30)
 
 
 @contextmanager
 def two_namespaces(pair: Pair = NODES) -> Iterator[Pair]:
-    """Made, and removed with every process left in them, whatever happens."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2")
-    for ns in pair.namespaces:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)  # a crashed run's leftovers
+    """Made (needs root and iproute2), and removed with every process left in them, whatever happens."""
+    _remove(pair)  # a crashed run's leftovers
     try:
         for ns in pair.namespaces:
             ip("netns", "add", ns)
@@ -47,15 +69,10 @@ def two_namespaces(pair: Pair = NODES) -> Iterator[Pair]:
             ip("-n", ns, "link", "set", "lo", "up")
         yield pair
     finally:
-        for ns in pair.namespaces:
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=False).stdout
-            for pid in pids.split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        _remove(pair)
 
 
-def in_namespace(ns: str, argv: list[str]) -> list[str]:
+def in_namespace(ns: str, argv: Sequence[str]) -> list[str]:
     return ["ip", "netns", "exec", ns, *argv]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tests.netns import ADDRESSES, LINKS, NAMESPACES, in_namespace, namespaces_left, two_namespaces
+from tests.netns import ADDRESSES, LINKS, NAMESPACES, can_make_namespaces, in_namespace, namespaces_left, two_namespaces
 
 import kiln
 from kiln.choice.schema import Choice
@@ -27,7 +27,8 @@ from kiln.render.vllm import Runtime
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not can_make_namespaces(), reason="network namespaces need root and iproute2")]
 
 SHIM = Path(kiln.__file__).parent / "data" / "vllm" / "kiln_vllm_serve.py"
 STARTUP_TIMEOUT_S = 900  # two engines compiling on two shared cores
