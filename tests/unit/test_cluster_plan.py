@@ -134,6 +134,7 @@ def test_kiln_plan_nodes_prints_each_node_and_json(kiln: Kiln) -> None:
     text = subprocess.run([KILN, "plan", "--machine", "h100x8", "--nodes", "2", "--profile", "deepseek-v3.2",
                            "--workload", "chat"], capture_output=True, text=True, timeout=120, check=True).stdout
     assert "node 1 (headless)" in text and "Predicted:" in text
+    assert "`cluster: {name: NAME, nodes: 2}` and `do_token`, tag them kiln-cluster:NAME" in text
     fleet = subprocess.run([KILN, "plan", "--machine", "h100x8", "--nodes", "2", "--profile",
                             "llama-3.3-70b-instruct", "--json"],
                            capture_output=True, text=True, timeout=120, check=True)

@@ -87,4 +87,7 @@ def cluster_text(cluster: ClusterPlan, argvs: list[list[str]]) -> str:
     lines += ["", f"Each node's command (the head listens on {ports} for the others, on the private network):"]
     for rank, argv in enumerate(argvs):
         lines.append(f"  node {rank} ({'head' if rank == 0 else 'headless'}): {' '.join(argv)}")
+    lines += ["", f"At boot, each node's agent runs its own: give all {cluster.nodes} droplets the same user-data with "
+                  f"`cluster: {{name: NAME, nodes: {cluster.nodes}}}` and `do_token`, tag them kiln-cluster:NAME, "
+                  "and create them in one VPC of their own."]
     return "\n".join(lines)
