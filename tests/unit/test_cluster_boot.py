@@ -7,6 +7,8 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -208,8 +210,10 @@ def test_a_report_from_the_network_is_bounded_and_typed() -> None:
 
 
 # -- two nodes' watches, over loopback, with real processes as their engines ------------------------------------
-def test_two_watches_start_both_engines_and_restart_both_when_the_worker_engine_dies(tmp_path: Path) -> None:
-    options = ClusterOptions(peer_port=free_port())
+@contextmanager
+def two_watches(tmp_path: Path) -> Iterator[tuple[NodeWatch, NodeWatch]]:
+    """A head and a worker over loopback, each keeping a real process (its "engine") in step."""
+    options = ClusterOptions(peer_port=free_port(), lost_after_s=3.0)
     watches, supervisors = [], []
     for rank in (0, 1):
         engine = server(tmp_path, f"engine{rank}")
@@ -221,10 +225,19 @@ def test_two_watches_start_both_engines_and_restart_both_when_the_worker_engine_
         watches.append(NodeWatch(member, sup, engine, state, ({"index": 0, "name": "GPU"},), options,
                                  interval_s=0.1, report_every_s=0.1))
         supervisors.append(sup)
-    head, worker = watches
     try:
         for sup in supervisors:
             sup.start()
+        yield watches[0], watches[1]
+    finally:
+        for watch in watches:
+            watch.stop()
+        for sup in supervisors:
+            sup.stop()
+
+
+def test_two_watches_start_both_engines_and_restart_both_when_the_worker_engine_dies(tmp_path: Path) -> None:
+    with two_watches(tmp_path) as (head, worker):
         head.start()
         time.sleep(0.5)  # the worker is not up yet: the head's engine waits for it
         assert head.engine.state == HELD and head.engine.launches == 0 and head.state.current_phase() == "joining"
@@ -247,11 +260,27 @@ def test_two_watches_start_both_engines_and_restart_both_when_the_worker_engine_
         assert "restarts on all nodes" in head.state.last_error.fix
         wait_until(lambda: head.engine.launches == 2 and worker.generation == 2 and bool(head.view()["complete"]))
         assert head.view()["generation"] == 2
-    finally:
-        for watch in watches:
-            watch.stop()
-        for sup in supervisors:
-            sup.stop()
+
+
+def test_a_worker_that_goes_silent_stops_the_engine_until_it_answers_again(tmp_path: Path) -> None:
+    with two_watches(tmp_path) as (head, worker):
+        head.start()
+        worker.start()
+        wait_until(lambda: bool(head.view()["complete"]))
+        worker.stop()  # the worker's agent, or its whole machine, is gone: no more reports
+        wait_until(lambda: head.engine.state == HELD)
+        assert head.state.last_error is not None and "pair-1 (rank 1, 127.0.0.1) stopped answering" in (
+            head.state.last_error.what)
+        assert head.state.current_phase() == "joining" and not head.view()["members"][1]["up"]
+        # The machine is back: a new agent, whose engine starts for the head's new generation.
+        revived = NodeWatch(worker.member, worker.supervisor, worker.engine, worker.state, worker.gpus,
+                            worker.options, interval_s=0.1, report_every_s=0.1)
+        revived.start()
+        try:
+            wait_until(lambda: head.engine.launches == 2 and bool(head.view()["complete"]))
+            assert revived.generation == 2
+        finally:
+            revived.stop()
 
 
 # -- this node's plan -------------------------------------------------------------------------------------------

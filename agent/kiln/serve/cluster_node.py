@@ -27,7 +27,7 @@ from kiln.cluster.discovery import (
 from kiln.cluster.firewall import cluster_rules
 from kiln.cluster.membership import Membership, NotYet, explicit, from_droplets
 from kiln.cluster.peer import PEER_PORT, PeerServer, send_report
-from kiln.cluster.roster import REPORT_EVERY_S, NodeReport, Roster, worker_step
+from kiln.cluster.roster import LOST_AFTER_S, REPORT_EVERY_S, NodeReport, Roster, worker_step
 from kiln.serve.state import AgentState
 from kiln.serve.supervisor import Member, Supervisor
 
@@ -45,6 +45,7 @@ class ClusterOptions:
     peer_port: int = PEER_PORT
     firewall: bool = False  # open the VPC's range with ufw (the image)
     retry_s: float = DISCOVERY_RETRY_S  # between two readings of the tagged droplets
+    lost_after_s: float = LOST_AFTER_S  # a worker silent this long is lost
 
 
 def find_membership(setting: ClusterSetting, token: str | None, options: ClusterOptions,
@@ -111,7 +112,8 @@ class NodeWatch:
         self._misses = 0
         self._warned_at = 0.0
         own = self._report()
-        self.roster = Roster(self.member.nodes, own, self.member.names, since=self.clock())
+        self.roster = Roster(self.member.nodes, own, self.member.names, self.options.lost_after_s,
+                             since=self.clock())
 
     def start(self) -> None:
         if self.member.is_head:
