@@ -90,10 +90,16 @@ def test_scale_adds_and_removes_droplets_by_the_tag(tmp_path: Path) -> None:
         new = [r for r in state.requests[first:] if r.method == "POST"]
         assert [r.path for r in new] == ["/v2/droplets"] and new[0].body["names"] == ["kiln-demo-2"]
         assert new[0].body["size"] == "gpu-h100x8-640gb" and new[0].body["region"] == "nyc2"
+        assert new[0].body["image"] == next(iter(state.droplets.values()))["image"]["id"]  # the fleet's own
+        rebuilt = fleet(url, "scale", "demo", "4", "--user-data", str(tmp_path / "user-data.yaml"),
+                        "--image", "170000099", "--yes")  # the fleet's snapshot was replaced
+        assert rebuilt.returncode == 0, rebuilt.stderr
+        assert state.requests[-1].body["names"] == ["kiln-demo-3"] and state.requests[-1].body["image"] == 170000099
         ids = sorted(state.droplets)
         shrunk = fleet(url, "scale", "demo", "1", "--yes")
         assert shrunk.returncode == 0, shrunk.stderr
-        assert state.writes()[-2:] == [("DELETE", f"/v2/droplets/{ids[2]}"), ("DELETE", f"/v2/droplets/{ids[1]}")]
+        assert state.writes()[-3:] == [("DELETE", f"/v2/droplets/{ids[3]}"), ("DELETE", f"/v2/droplets/{ids[2]}"),
+                                       ("DELETE", f"/v2/droplets/{ids[1]}")]
         assert sorted(state.droplets) == [ids[0]]
 
 

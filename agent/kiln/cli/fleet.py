@@ -37,6 +37,8 @@ def add_parsers(sub: Any) -> None:
     scale.add_argument("name")
     scale.add_argument("count", type=int)
     scale.add_argument("--user-data", type=Path, help="user-data for new droplets (needed to grow)")
+    scale.add_argument("--image", help="a snapshot id or image slug for new droplets (default: the fleet's first "
+                       "droplet's image)")
     down = fsub.add_parser("down", help="delete the fleet's droplets, load balancer and firewall (asks first)")
     down.add_argument("name")
     status = fsub.add_parser("status", help="each droplet's state and health, and the load balancer's view")
@@ -78,7 +80,8 @@ def cmd_fleet(_kiln: Kiln, args: argparse.Namespace) -> int:
         result = ops.up(api, spec, _confirm(args, spec.name))
     elif args.action == "scale":
         user_data = args.user_data.read_text(encoding="utf-8") if args.user_data else ""
-        result = ops.scale(api, FleetSpec(args.name, user_data=user_data), args.count, _confirm(args, args.name))
+        spec = FleetSpec(args.name, user_data=user_data, image=args.image or "")
+        result = ops.scale(api, spec, args.count, _confirm(args, args.name))
     elif args.action == "down":
         result = ops.down(api, FleetSpec(args.name), _confirm(args, args.name))
     else:
