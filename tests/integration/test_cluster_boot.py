@@ -175,6 +175,7 @@ def test_two_agents_find_each_other_by_tag_serve_and_restart_the_cluster_when_th
         assert argv[argv.index("--master-addr") + 1] == ADDRESSES[1]
         assert worker.status()["cluster"]["role"] == "worker"
         assert "--headless" in worker.status()["plan"]["instances"][0]["argv"]
+        assert f"endpoint  on the head, {ADDRESSES[1]}" in worker.status_text()
         shown = head.status_text()
         assert "cluster   pair: head, rank 0 of 2" in shown and "TP1 x PP2 x 1" in shown, shown
         assert any(line.split()[:3] == ["1", "pair-0", ADDRESSES[0]] for line in shown.splitlines()), shown

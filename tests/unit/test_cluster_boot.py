@@ -19,6 +19,7 @@ from tests.unit.test_supervisor import FAST, RecordedRouting, free_port, server,
 
 from kiln.choice.resolve import merge
 from kiln.choice.schema import ClusterSetting, Layer, validate_fields
+from kiln.cli.serving import status_text
 from kiln.cluster.discovery import DigitalOceanDroplets, DiscoveryError, droplet_identity
 from kiln.cluster.firewall import EPHEMERAL, cluster_rules
 from kiln.cluster.membership import Droplet, Membership, NotYet, from_droplets
@@ -305,3 +306,21 @@ def test_each_node_plans_its_part_and_a_model_that_fits_one_node_is_not_split(ki
 
     refused = decide(kiln, "h100x1", deepseek, runtime, membership=member)
     assert refused.failure is not None and "cannot be served on 2 x h100x1" in refused.failure[0]
+
+
+# -- kiln status ------------------------------------------------------------------------------------------------
+def test_kiln_status_shows_every_node_on_the_head_and_the_head_on_a_worker() -> None:
+    head = Membership("big", 2, 0, "10.116.0.2", "10.116.0.2", "eth1", "tag kiln-cluster:big", ("big-0", "big-1"))
+    roster = Roster(2, report(0, generation=1), ("big-0", "big-1"), since=0.0)
+    roster.record(report(1), 1.0)
+    members = roster.view(5.0)
+    shown = status_text({"phase": "ready", "endpoint": "https://203.0.113.9", "cluster": {
+        **head.as_dict(), "generation": 1, "members": members}})
+    assert "endpoint  https://203.0.113.9/v1" in shown
+    assert "cluster   big: head, rank 0 of 2, head 10.116.0.2 (found by tag kiln-cluster:big), engine generation 1" \
+        in shown
+    rows = [line.split() for line in shown.splitlines() if line.split()[:1] in (["0"], ["1"])]
+    assert rows == [["0", "big-0", "10.116.0.2", "yes", "no", "0"], ["1", "big-1", "10.116.0.3", "yes", "no", "0"]]
+    worker = Membership("big", 2, 1, "10.116.0.2", "10.116.0.3", "eth1", "tag kiln-cluster:big")
+    shown = status_text({"phase": "ready", "endpoint": "https://203.0.113.10", "cluster": worker.as_dict()})
+    assert "endpoint  on the head, 10.116.0.2" in shown and "worker, rank 1 of 2" in shown

@@ -298,7 +298,9 @@ def status_text(s: dict[str, Any]) -> str:
     plan = s.get("plan") or {}
     keys = ", ".join(k["name"] + (f" ({k['requests_per_minute']}/min)" if k.get("requests_per_minute") else "")
                      for k in s.get("keys") or [])
-    lines = [f"phase     {s.get('phase')}", f"endpoint  {s.get('endpoint')}/v1",
+    worker = (s.get("cluster") or {}).get("role") == "worker"
+    served = f"on the head, {s['cluster']['head']}" if worker else f"{s.get('endpoint')}/v1"
+    lines = [f"phase     {s.get('phase')}", f"endpoint  {served}",
              f"api keys  {keys or '(none yet)'}  (`sudo kiln keys show NAME` prints one)",
              f"health    {s.get('health')}"]
     if s.get("tls"):

@@ -462,6 +462,10 @@ class Agent:
                            env_files=(self.options.layout.hf_token_env,))
         engine = Member(spec, port=rendered.port, held=True)
         self._write_runtime([engine])
+        if self.membership:
+            m = self.membership
+            self._write_motd_text(f"kiln: cluster {m.name}: this node is rank {m.rank} of {m.nodes}; the endpoint is "
+                                  f"served by the head, {m.head_address} (`kiln status` there lists every node)\n")
         return Supervisor(launcher=self._make_launcher(decision), routing=RouterClient(self.options.layout.router_url),
                           probe=http_probe, settings=self.options.supervisor, instances=[engine])
 
