@@ -1,4 +1,5 @@
-"""The README's user-data passes cloud-init's schema without a warning (Debian 12's cloud-init, for real)."""
+"""Every user-data the README documents passes cloud-init's schema without a warning (Debian 12's cloud-init, for
+real) and is read by kiln."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ HERE = Path(__file__).resolve().parent
 CLOUD_INIT_DEPS = ["jsonschema==4.10.3", "PyYAML==6.0.1", "requests==2.28.1", "configobj==5.0.8", "jsonpatch==1.32"]
 
 
-def readme_user_data() -> str:
+def readme_user_data() -> list[str]:
+    """One machine's, then a cluster's."""
     blocks = re.findall(r"```yaml\n(#cloud-config\n.*?)```", (REPO / "README.md").read_text(), re.S)
-    assert len(blocks) == 1, "the README documents exactly one #cloud-config"
-    return str(blocks[0])
+    assert len(blocks) == 2, "the README documents a machine's #cloud-config and a cluster's"
+    return [str(b) for b in blocks]
 
 
 def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -57,16 +59,19 @@ def check(cloud_init: tuple[Path, Path], files: list[Path]) -> dict[str, dict[st
 
 
 def test_readme_user_data_is_warning_free_and_read_by_kiln(cloud_init: tuple[Path, Path], tmp_path: Path) -> None:
-    text = readme_user_data()
-    assert extract_settings(text.encode()).settings["profile"] == "llama-3.3-70b-instruct"
-    documented = tmp_path / "documented.yaml"
-    documented.write_text(text)
+    machine, cluster = readme_user_data()
+    assert extract_settings(machine.encode()).settings["profile"] == "llama-3.3-70b-instruct"
+    assert extract_settings(cluster.encode()).settings["cluster"] == {"name": "big", "nodes": 2}
+    documented = [tmp_path / "documented-machine.yaml", tmp_path / "documented-cluster.yaml"]
+    for path, text in zip(documented, (machine, cluster), strict=True):
+        path.write_text(text)
     unknown_key = tmp_path / "unknown-key.yaml"
     unknown_key.write_text("#cloud-config\nkiln:\n  profile: qwen3-8b\n")
     bad_write_files = tmp_path / "bad-write-files.yaml"
     bad_write_files.write_text("#cloud-config\nwrite_files:\n  - path: /etc/kiln/kiln.yaml\n    permissions: 0600\n")
-    results = check(cloud_init, [documented, unknown_key, bad_write_files])
-    assert results["documented.yaml"] == {"file": str(documented), "errors": [], "strict_errors": []}
+    results = check(cloud_init, [*documented, unknown_key, bad_write_files])
+    for path in documented:
+        assert results[path.name] == {"file": str(path), "errors": [], "strict_errors": []}
     # The checker sees real problems: an unknown top-level key under 23.4's rules, an unquoted mode always.
     assert results["unknown-key.yaml"]["strict_errors"]
     assert results["bad-write-files.yaml"]["errors"]

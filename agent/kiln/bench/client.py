@@ -16,17 +16,12 @@ from typing import Any
 
 import requests
 
+from kiln.datafiles import data_dir
 from kiln.errors import KilnError
 from kiln.serve.processes import die_with_parent
 
-RUNNER = (
-    "import sys\n"
-    "from vllm.benchmarks.serve import add_cli_args, main\n"
-    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-    "parser = FlexibleArgumentParser()\n"
-    "add_cli_args(parser)\n"
-    "main(parser.parse_args(sys.argv[1:]))\n"
-)
+# vLLM's `vllm bench serve`, reading every event of a stream (see the file's docstring).
+BENCH_LAUNCHER = Path(data_dir("vllm")) / "kiln_vllm_bench.py"
 
 
 @dataclass(frozen=True)
@@ -60,7 +55,7 @@ class VllmBench:
     def run(self, target: Target, workload: Sequence[str], env: dict[str, str] | None = None) -> dict[str, Any]:
         """One benchmark run; vLLM's result JSON (throughputs, percentiles, goodput)."""
         with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
-            argv = [self.python, "-c", RUNNER, "--backend", "openai", "--base-url", target.base_url,
+            argv = [self.python, str(BENCH_LAUNCHER), "--backend", "openai", "--base-url", target.base_url,
                     "--endpoint", "/v1/completions", "--model", target.model, "--tokenizer", target.tokenizer,
                     "--ready-check-timeout-sec", "0", "--disable-tqdm", "--save-result", "--save-detailed",
                     "--result-dir", tmp, "--result-filename", "result.json", *workload]
