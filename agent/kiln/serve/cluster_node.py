@@ -149,7 +149,14 @@ class NodeWatch:
     def _on_report(self, report: NodeReport) -> dict[str, Any]:
         with self._lock:
             self.roster.record(report, self.clock())
-            return {"cluster": self.member.name, "generation": self.roster.generation}
+            return {"cluster": self.member.name, "generation": self._live_generation()}
+
+    def _live_generation(self) -> int:
+        """The generation the head's engine runs now; 0 while it is held or not yet started for the current one,
+        so that no worker restarts for a generation that is over."""
+        running = self.engine.running is not None and not self.engine.held  # read before launches (see _launch)
+        live = running and self.roster.engine_on and self.engine.launches == self.roster.generation
+        return self.roster.generation if live else 0
 
     def _head_step(self) -> None:
         now = self.clock()

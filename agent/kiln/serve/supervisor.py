@@ -288,14 +288,16 @@ class Supervisor:
     # -- actions -----------------------------------------------------------------------------------------------
     def _launch(self, member: Member, now: float) -> None:
         try:
-            member.running = self.launcher.start(member.spec)
+            started = self.launcher.start(member.spec)
         except OSError as exc:
             member.last_error = f"could not start {member.spec.argv[0]}: {exc}"
             self._schedule_restart(member, now, member.last_error)
             return
+        # Counted before it is seen running: a reader that sees `running` (read first) sees this launch's count.
+        member.launches += 1
+        member.running = started
         if member.state == RESTARTING:
             member.restarts += 1
-        member.launches += 1
         member.probe_failures, member.next_probe = 0, now
         self._set(member, STARTING if member.probe_url else READY, now, f"started, pid {member.running.pid}")
 
