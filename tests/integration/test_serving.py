@@ -28,6 +28,8 @@ import requests
 from openai import BadRequestError, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from kiln.cli.keys import RELOAD_WAIT_S
+
 pytestmark = pytest.mark.integration
 
 PUBLIC, HEALTH, ROUTER, ROUTER_METRICS = 18000, 18090, 18001, 18002
@@ -443,16 +445,20 @@ def test_a_rolling_change_of_2_instances_under_16_streams(stack: Stack, capsys: 
     (stack.state_dir / "kiln.yaml").write_text("max_model_len: 1024\n")
     with streaming_clients(stack, 16) as outcomes:
         time.sleep(3)
+        # `kiln reload` itself gives up after RELOAD_WAIT_S (and exits 1) when the agent does not report.
         reload = subprocess.run([KILN, "reload", "--state-dir", str(stack.state_dir), "--health", stack.health,
-                                 "--json"], capture_output=True, text=True, timeout=30, check=True)
-        assert "plan" in json.loads(reload.stdout)["reload"]["changed"], reload.stdout
+                                 "--json"], capture_output=True, text=True, timeout=RELOAD_WAIT_S + 30, check=True)
+        reloaded = json.loads(reload.stdout)["reload"]
+        assert "plan" in reloaded["changed"], reload.stdout
         took = stack.wait_for("the rolling change", lambda: (stack.status()["reload"]["rolling"] or {}).get(
             "state") not in (None, "running"), ROLLING_TIMEOUT_S, every_s=1)
         served_during = len(outcomes)
         time.sleep(3)
     rolling = stack.status()["reload"]["rolling"]
     failed = [o for o in outcomes if o != "ok"]
-    report(capsys, f"rolling change of 2 instances under 16 TLS streams: {took:.0f} s; {len(outcomes)} streams "
+    report(capsys, f"kiln reload under 16 TLS streams: keys applied {reloaded['applied_s']:.2f} s after the "
+                   f"signal, planned in {reloaded['seconds']:.2f} s; "
+                   f"rolling change of 2 instances: {took:.0f} s; {len(outcomes)} streams "
                    f"({served_during} during the change), {outcomes.count('ok')} complete, {len(failed)} failed")
     assert rolling["state"] == "done", rolling
     assert not failed, failed

@@ -65,6 +65,9 @@ log = logging.getLogger("kiln.agent")
 METER_INTERVAL_S = 5.0
 LOOP_S = 0.2  # how soon a reload (SIGHUP) is acted on
 DRAIN_S = 120.0  # a rolling change waits this long for an instance's requests in flight
+# ... and wants it idle this long in a row: a request the router sent just before the instance left routing may still
+# be in its API server, which vLLM's gauges (the engine's running and waiting requests) do not count yet.
+DRAIN_SETTLE_S = 2.0
 DOCTOR_WAIT_S = 120.0  # how long a transient pre-flight failure (a fabric still being set up) may take to clear
 DOCTOR_RETRY_S = 5.0
 QUEUE_FACTOR = 2  # requests in flight per instance slot: one running batch and one waiting
@@ -636,15 +639,21 @@ class Agent:
             self.state.fail(f"rolling change {state}: {what}", fix)
 
     def _drain(self, member: Member, timeout_s: float = DRAIN_S) -> None:
-        """Wait until an instance out of routing has no request running or waiting, or the bound passes. Metrics
-        that do not come (a server busy streaming may answer late) say nothing: only its exit ends the wait early."""
+        """Wait until an instance out of routing has had no request running or waiting for DRAIN_SETTLE_S, or the
+        bound passes. Metrics that do not come (a server busy streaming may answer late) say nothing: only its exit
+        ends the wait early."""
         deadline = time.monotonic() + timeout_s
+        idle_since: float | None = None
         while time.monotonic() < deadline and not self.stopping.is_set():
             if not member.route_url or member.running is None or member.running.exit_code() is not None:
                 return
             text = _fetch(f"{member.route_url}/metrics", timeout_s=5)
             if text and prom.requests_in_flight(text) == 0:
-                return
+                idle_since = time.monotonic() if idle_since is None else idle_since
+                if time.monotonic() - idle_since >= DRAIN_SETTLE_S:
+                    return
+            else:
+                idle_since = None
             time.sleep(0.5)
         log.warning("%s: still busy after %.0f s of draining; stopping it", member.name, timeout_s)
 
