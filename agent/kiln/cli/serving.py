@@ -19,8 +19,9 @@ from kiln.choice.schema import Choice, Layer, Problem, validate_fields
 from kiln.choice.sources import SourceReader
 from kiln.cli.output import print_json, table
 from kiln.cluster.discovery import DO_API_URL
+from kiln.datafiles import data_dir
 from kiln.errors import KilnError, NotFoundError
-from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, find_vllm_python
+from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, find_vllm_python, image_vllm_command
 from kiln.serve.agent import Agent, AgentOptions, configure_logging
 from kiln.serve.cluster_node import ClusterOptions
 from kiln.serve.layout import (
@@ -170,7 +171,9 @@ def _process_started() -> float:
 
 def _agent_vllm() -> tuple[str, ...]:
     """The image's vLLM, or where there is none (a development machine), the vLLM this Python can import."""
-    return IMAGE_VLLM if Path(IMAGE_VLLM[0]).exists() else (find_vllm_python(), *MODULE_VLLM)
+    if not Path(IMAGE_VLLM[0]).exists():
+        return (find_vllm_python(), *MODULE_VLLM)
+    return image_vllm_command(Path(IMAGE_VLLM[0]).parent.parent, f"{data_dir('vllm')}/kiln_vllm_serve.py")
 
 
 def _use_systemd(launcher: str) -> bool:

