@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -27,3 +29,12 @@ def traversable_tmp() -> Iterator[Path]:
     path.chmod(0o711)
     yield path
     shutil.rmtree(path)
+
+
+def load_script(name: str, path: Path) -> ModuleType:
+    """A script that is not in a package (a role's file, a launcher in kiln's data), imported as a module."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

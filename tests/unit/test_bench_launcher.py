@@ -3,11 +3,11 @@ splits it: read loop and handler as vLLM's OpenAI request functions run them."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from types import ModuleType
 from typing import Any
 
+from tests.conftest import load_script
 from vllm.benchmarks.lib.endpoint_request_func import StreamedResponseHandler
 
 from kiln.bench.client import BENCH_LAUNCHER
@@ -17,11 +17,7 @@ EVENTS = [{"text": "a b"}, {"text": " c"}, {"usage": 3}]
 
 
 def launcher() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kiln_vllm_bench", BENCH_LAUNCHER)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("kiln_vllm_bench", BENCH_LAUNCHER)
 
 
 def read(handler: Any, reads: list[bytes]) -> list[dict[str, Any]] | str:

@@ -4,24 +4,19 @@ real one does for `--query-gpu=driver_version --format=csv,noheader`: no GPU dri
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 SCRIPT = REPO / "roles" / "vllm" / "files" / "kiln-gpu-check.py"
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kiln_gpu_check", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("kiln_gpu_check", SCRIPT)
 
 
 def run(tmp_path: Path, driver: str | None) -> subprocess.CompletedProcess[str]:

@@ -461,9 +461,7 @@ class Agent:
     def _worker_supervisor(self, decision: Decision) -> Supervisor:
         """A cluster's worker node: only its engine, headless, started for the head's generation (NodeWatch)."""
         rendered = decision.rendered[0]
-        spec = ProcessSpec(rendered.name, rendered.argv, self._env(rendered), log_file=_log(self._logs, rendered.name),
-                           env_files=(self.options.layout.hf_token_env,))
-        engine = Member(spec, port=rendered.port, held=True)
+        engine = Member(self._spec(rendered, self._logs), port=rendered.port, held=True)
         self._write_runtime([engine])
         if self.membership:
             m = self.membership
@@ -525,9 +523,12 @@ class Agent:
 
     def _instance(self, rendered: RenderedInstance, logs: Path | None) -> Member:
         base = f"http://{self.options.layout.local_host}:{rendered.port}"
-        spec = ProcessSpec(rendered.name, rendered.argv, self._env(rendered), log_file=_log(logs, rendered.name),
+        return Member(self._spec(rendered, logs), probe_url=f"{base}/health", route_url=base, port=rendered.port)
+
+    def _spec(self, rendered: RenderedInstance, logs: Path | None) -> ProcessSpec:
+        """How an instance's process starts: its argv, its environment, its log, the Hub token's file."""
+        return ProcessSpec(rendered.name, rendered.argv, self._env(rendered), log_file=_log(logs, rendered.name),
                            env_files=(self.options.layout.hf_token_env,))
-        return Member(spec, probe_url=f"{base}/health", route_url=base, port=rendered.port)
 
     def _env(self, rendered: RenderedInstance) -> dict[str, str]:
         """An instance's environment (and the self-check's): offline once the plan's repositories are cached."""

@@ -52,12 +52,9 @@ class Decision:
         if self.node is None:
             self.rendered = render_instances(self.plan, runtime, local_model=local)
             return
-        inst = self.plan.instances[0]
-        self.rendered = [RenderedInstance(
-            name=inst.name, port=inst.port, gpus=inst.gpus, device_minors=inst.device_minors,
-            argv=node_argv(self.plan, self.node, runtime, local_model=local),
-            env=node_env(self.plan, self.node, runtime, local_model=local), cpus=inst.cpus,
-            numa_node=inst.numa_node, data_parallel_size=self.plan.engine.data_parallel_size)]
+        first = render_instances(self.plan, runtime, local_model=local)[0]  # a node runs one server
+        self.rendered = [replace(first, argv=node_argv(self.plan, self.node, runtime, local_model=local),
+                                 env=node_env(self.plan, self.node, runtime, local_model=local))]
 
     def choice_report(self) -> dict[str, Any]:
         values = json.loads(self.choice.choice.model_dump_json(exclude=set(SECRET_FIELDS), exclude_none=True))
