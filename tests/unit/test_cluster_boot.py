@@ -245,7 +245,8 @@ def test_two_watches_start_both_engines_and_restart_both_when_the_worker_engine_
         worker.start()
         wait_until(lambda: bool(head.view()["complete"]))
         assert head.engine.launches == worker.engine.launches == 1 and worker.generation == 1
-        assert head.state.current_phase() == "ready"
+        # Every node has joined; the head is ready once its own engine answers its health probe.
+        wait_until(lambda: head.state.current_phase() == "ready")
         rows = head.view()["members"]
         assert [(r["rank"], r["up"], r["joined"], len(r["gpus"])) for r in rows] == [(0, True, True, 1),
                                                                                      (1, True, True, 1)]
