@@ -77,8 +77,8 @@ def supervised(tmp_path: Path) -> Iterator[tuple[Supervisor, RecordedRouting]]:
 
 def test_instances_join_routing_once_they_serve(supervised: tuple[Supervisor, RecordedRouting]) -> None:
     sup, routing = supervised
-    wait_until(lambda: len(routing.workers) == 2)
-    assert all(m.state == READY and m.routed for m in sup.instances)
+    wait_until(lambda: len(routing.workers) == 2 and all(m.routed for m in sup.instances))
+    assert all(m.state == READY for m in sup.instances)
 
 
 def test_a_killed_instance_leaves_routing_and_comes_back(supervised: tuple[Supervisor, RecordedRouting]) -> None:
