@@ -178,6 +178,8 @@ def test_the_head_starts_when_every_node_answers_and_restarts_all_when_one_is_lo
     assert roster.step(6.0, head_launches=1) == "stop"
     assert roster.lost == ["big-2 (rank 2, 10.116.0.4): its engine restarted, so it left the running engine"]
     assert roster.step(7.0, head_launches=1) == "start"  # every node still answers
+    # The head's launch is not counted yet and rank 2 still reports its restarted engine: not lost again.
+    assert roster.step(7.5, head_launches=1) is None and roster.engine_on
     assert roster.step(8.0, head_launches=2) is None and roster.generation == 2
 
     # Rank 1 goes silent: lost after 10 s, and named.

@@ -129,6 +129,10 @@ class Roster:
         lost = self._lost(now)
         if lost:
             self.engine_on, self.lost, self.since = False, lost, now
+            # Whoever joined has left with this generation; until the head's next launch is counted, nobody has
+            # joined, so a node still reporting the old engine is not lost a second time.
+            for s in self.seen.values():
+                s.joined_at_launch = None
             return "stop"
         return None
 
