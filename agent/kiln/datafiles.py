@@ -23,3 +23,8 @@ def list_names(folder: str) -> list[str]:
 def data_dir(folder: str) -> str:
     """A data/ sub-folder on disk (the package is installed as files, never zipped): what another process reads."""
     return str(resources.files("kiln").joinpath("data").joinpath(folder))
+
+
+def vllm_serve_launcher() -> str:
+    """kiln's launcher of vLLM's serve command (data/vllm/kiln_vllm_serve.py), run by the vLLM virtualenv's Python."""
+    return f"{data_dir('vllm')}/kiln_vllm_serve.py"

@@ -19,7 +19,7 @@ from kiln.choice.schema import Choice, Layer, Problem, validate_fields
 from kiln.choice.sources import SourceReader
 from kiln.cli.output import print_json, table
 from kiln.cluster.discovery import DO_API_URL
-from kiln.datafiles import data_dir
+from kiln.datafiles import vllm_serve_launcher
 from kiln.errors import KilnError, NotFoundError
 from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, find_vllm_python, image_vllm_command
 from kiln.serve.agent import Agent, AgentOptions, configure_logging
@@ -173,7 +173,7 @@ def _agent_vllm() -> tuple[str, ...]:
     """The image's vLLM, or where there is none (a development machine), the vLLM this Python can import."""
     if not Path(IMAGE_VLLM[0]).exists():
         return (find_vllm_python(), *MODULE_VLLM)
-    return image_vllm_command(Path(IMAGE_VLLM[0]).parent.parent, f"{data_dir('vllm')}/kiln_vllm_serve.py")
+    return image_vllm_command(Path(IMAGE_VLLM[0]).parent.parent, vllm_serve_launcher())
 
 
 def _use_systemd(launcher: str) -> bool:

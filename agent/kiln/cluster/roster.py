@@ -116,8 +116,7 @@ class Roster:
         if head_launches != self.generation:  # a start, by this or by the supervisor after an exit
             self.generation = head_launches
             self.since = now
-            for s in self.seen.values():
-                s.joined_at_launch = None
+            self._forget_joined()
         if not self.engine_on:
             if not self.waiting_for(now):
                 self.engine_on, self.since = True, now
@@ -129,12 +128,16 @@ class Roster:
         lost = self._lost(now)
         if lost:
             self.engine_on, self.lost, self.since = False, lost, now
-            # Whoever joined has left with this generation; until the head's next launch is counted, nobody has
-            # joined, so a node still reporting the old engine is not lost a second time.
-            for s in self.seen.values():
-                s.joined_at_launch = None
+            # Until the head's next launch is counted, nobody has joined: a node still reporting the old engine is
+            # not lost a second time.
+            self._forget_joined()
             return "stop"
         return None
+
+    def _forget_joined(self) -> None:
+        """Whoever joined has left with the engine's generation."""
+        for s in self.seen.values():
+            s.joined_at_launch = None
 
     def complete(self, now: float) -> bool:
         return self.engine_on and all(self._joined(r, now) for r in range(1, self.nodes))

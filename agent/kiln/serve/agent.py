@@ -255,7 +255,7 @@ class Agent:
         self._runtime = runtime = Runtime(vllm_command=options.vllm_command, models_dir=str(layout.models_dir),
                                           hf_home=str(layout.hf_home), extra_env=options.extra_env,
                                           key_usage_path=datafiles.data_dir("vllm"),
-                                          serve_shim=f"{datafiles.data_dir('vllm')}/kiln_vllm_serve.py")
+                                          serve_shim=datafiles.vllm_serve_launcher())
         self._models = models = ModelStep(client=self._hub_client, stopping=self.stopping,
                            replan=lambda choice: decide(self.kiln, options.machine, choice, runtime,
                                                         membership=self.membership),
