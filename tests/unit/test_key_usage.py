@@ -4,7 +4,6 @@ the request body as it arrives, the answer as vLLM sends it (one JSON body, or s
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from tests.conftest import load_script
 
 from kiln import datafiles
 
@@ -21,12 +21,7 @@ Message = MutableMapping[str, Any]
 
 @pytest.fixture(scope="module")
 def usage() -> ModuleType:
-    path = Path(datafiles.data_dir("vllm")) / "kiln_key_usage.py"
-    spec = importlib.util.spec_from_file_location("kiln_key_usage", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("kiln_key_usage", Path(datafiles.data_dir("vllm")) / "kiln_key_usage.py")
 
 
 def sample(name: str, key: str) -> float:
