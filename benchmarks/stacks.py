@@ -18,10 +18,10 @@ from vllm.benchmarks.serve import main as run_vllm_bench
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from kiln.bench.setups import Ports, kiln_up
+from kiln.processes import LocalProcesses, ProcessSpec
 from kiln.serve.agent import http_probe
 from kiln.serve.front import Front
 from kiln.serve.layout import ServeLayout
-from kiln.serve.processes import LocalProcesses, ProcessSpec
 from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv
 from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
 from kiln.serve.supervisor import Member, Supervisor, SupervisorSettings

@@ -24,12 +24,12 @@ from kiln.cluster.discovery import DigitalOceanDroplets, DiscoveryError, droplet
 from kiln.cluster.firewall import EPHEMERAL, cluster_rules
 from kiln.cluster.membership import Droplet, Membership, NotYet, from_droplets
 from kiln.cluster.roster import NodeReport, Roster, worker_step
+from kiln.processes import LocalProcesses
 from kiln.render.cluster import MASTER_PORT
 from kiln.render.vllm import Runtime
 from kiln.serve.agent import http_probe
 from kiln.serve.cluster_node import ClusterOptions, NodeWatch, find_membership
 from kiln.serve.decide import decide
-from kiln.serve.processes import LocalProcesses
 from kiln.serve.state import AgentState
 from kiln.serve.supervisor import HELD, Supervisor
 from kiln.wiring import Kiln

@@ -13,8 +13,8 @@ from pathlib import Path
 from kiln.choice.resolve import layers_from_inputs, resolve_choice
 from kiln.choice.schema import validate_fields
 from kiln.choice.sources import RawInputs, SourceReader
+from kiln.processes import LocalProcesses, ProcessSpec, read_env_file
 from kiln.serve.layout import ServeLayout
-from kiln.serve.processes import LocalProcesses, ProcessSpec, read_env_file
 from kiln.serve.secretfiles import write_private
 
 TOKEN = "hf_kilnUnitTokenAbCdEfGhIjKlMnOpQrSt"

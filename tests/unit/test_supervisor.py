@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from kiln.processes import LocalProcesses, ProcessSpec
 from kiln.serve.agent import http_probe
-from kiln.serve.processes import LocalProcesses, ProcessSpec
 from kiln.serve.supervisor import READY, RESTARTING, UNRESPONSIVE, Member, Supervisor, SupervisorSettings
 
 

@@ -18,7 +18,7 @@ import requests
 
 from kiln.datafiles import data_dir
 from kiln.errors import KilnError
-from kiln.serve.processes import die_with_parent
+from kiln.processes import die_with_parent
 
 # vLLM's `vllm bench serve`, reading every event of a stream (see the file's docstring).
 BENCH_LAUNCHER = Path(data_dir("vllm")) / "kiln_vllm_bench.py"

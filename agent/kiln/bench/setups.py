@@ -16,8 +16,8 @@ from pathlib import Path
 import requests
 
 from kiln.errors import KilnError
+from kiln.processes import LocalProcesses, ProcessSpec
 from kiln.render.vllm import OFFLINE_ENV
-from kiln.serve.processes import LocalProcesses, ProcessSpec
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.serve.cost import usd_per_million_tokens
+from kiln.pricing import usd_per_million_tokens
 
 PERCENTILES = (50, 90, 99)
 METRICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}

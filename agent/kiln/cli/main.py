@@ -20,7 +20,7 @@ from kiln.choice.select import select_profile
 from kiln.choice.sources import SourceReader
 from kiln.cli import bench, cluster, doctor, fleet, image, keys, models, planargs, predict, serving
 from kiln.cli.output import print_json, table
-from kiln.cli.views import machine_dict, machine_text, plan_dict, plan_text, profile_row
+from kiln.cli.views import machine_dict, machine_text, plan_text, profile_row
 from kiln.errors import KilnError
 from kiln.hardware.fixtures import fixture_names
 from kiln.planner.plan import make_plan
@@ -28,7 +28,7 @@ from kiln.planner.search import Choosing, choose
 from kiln.planner.types import Plan, Refusal
 from kiln.profiles.catalog import find_profile_dir, validate_paths
 from kiln.render.systemd import instance_dropin
-from kiln.render.vllm import Runtime, render_instances
+from kiln.render.vllm import Runtime, plan_document, render_instances
 from kiln.wiring import Kiln
 
 EXIT_REFUSED = planargs.EXIT_REFUSED
@@ -177,7 +177,7 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
     if args.systemd:
         print("\n".join(instance_dropin(r, profile=plan.profile) for r in rendered))
     elif args.json:
-        data = plan_dict(plan, rendered, machine)
+        data = plan_document(plan, rendered, machine.gpu_count)
         if choosing is not None:
             data["workload"] = planargs.workload_from(args).as_dict()
             data["predicted_for_workload"] = choosing.chosen.forecast.as_dict()

@@ -71,28 +71,6 @@ def machine_text(m: Machine) -> str:
     return "\n\n".join(parts)
 
 
-def plan_dict(plan: Plan, rendered: list[RenderedInstance], machine: Machine) -> dict[str, Any]:
-    return {
-        "machine": plan.machine,
-        "profile": plan.profile,
-        "objective": plan.objective,
-        "quantization": plan.quantization,
-        "kv_cache_dtype": plan.kv_cache_dtype,
-        "tensor_parallel_size": plan.tensor_parallel_size,
-        "pipeline_parallel_size": plan.engine.pipeline_parallel_size,
-        "data_parallel_size": plan.engine.data_parallel_size,
-        "max_model_len": plan.engine.max_model_len,
-        "model": plan.engine.model,
-        "speculative_config": plan.engine.speculative_config,
-        "instances": [r.as_dict() for r in rendered],
-        "predicted": plan.predicted.as_dict(),
-        "explanation": " ".join(plan.explanation),
-        "explanation_lines": list(plan.explanation),
-        "warnings": list(plan.warnings),
-        "gpu_count": machine.gpu_count,
-    }
-
-
 def plan_text(plan: Plan, rendered: list[RenderedInstance]) -> str:
     p = plan.predicted
     e = plan.engine

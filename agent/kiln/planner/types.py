@@ -104,6 +104,26 @@ class Plan:
     def tensor_parallel_size(self) -> int:
         return self.engine.tensor_parallel_size
 
+    def as_dict(self) -> dict[str, Any]:
+        """The plan's own fields for --json and /status; the rendered instances are the renderer's to add."""
+        return {
+            "machine": self.machine,
+            "profile": self.profile,
+            "objective": self.objective,
+            "quantization": self.quantization,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.engine.pipeline_parallel_size,
+            "data_parallel_size": self.engine.data_parallel_size,
+            "max_model_len": self.engine.max_model_len,
+            "model": self.engine.model,
+            "speculative_config": self.engine.speculative_config,
+            "predicted": self.predicted.as_dict(),
+            "explanation": " ".join(self.explanation),
+            "explanation_lines": list(self.explanation),
+            "warnings": list(self.warnings),
+        }
+
 
 @dataclass(frozen=True)
 class Refusal:

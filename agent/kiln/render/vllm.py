@@ -7,6 +7,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from kiln.planner.types import InstancePlan, Plan
 
@@ -194,3 +195,8 @@ def render_instances(plan: Plan, runtime: Runtime, *, local_model: bool = False)
         )
         for inst in plan.instances
     ]
+
+
+def plan_document(plan: Plan, rendered: list[RenderedInstance], gpu_count: int) -> dict[str, Any]:
+    """A plan with its rendered instances: what `kiln plan --json` prints and /status shows."""
+    return {**plan.as_dict(), "instances": [r.as_dict() for r in rendered], "gpu_count": gpu_count}

@@ -34,13 +34,14 @@ from kiln.hub.files import repos_for
 from kiln.hub.preflight import HubVerdict
 from kiln.perf.predict import forecast, kiln_steps
 from kiln.perf.workload import resolve as resolve_workload
+from kiln.pricing import hourly_price
+from kiln.processes import LocalProcesses, ProcessSpec
 from kiln.render.cluster import distributed_ports
 from kiln.render.systemd import instance_dropin
 from kiln.render.vllm import IMAGE_VLLM, OFFLINE_ENV, RenderedInstance, Runtime, vllm_python
 from kiln.serve import metrics as prom
 from kiln.serve.caches import Caches, place_caches
 from kiln.serve.cluster_node import ClusterOptions, NodeWatch, find_membership, open_firewall
-from kiln.serve.cost import hourly_price
 from kiln.serve.decide import Decision, decide
 from kiln.serve.endpoint import Endpoint
 from kiln.serve.front import Front
@@ -48,7 +49,6 @@ from kiln.serve.health import HealthServer
 from kiln.serve.layout import ServeLayout
 from kiln.serve.models import Milestones, ModelStep
 from kiln.serve.notify import sd_notify
-from kiln.serve.processes import LocalProcesses, ProcessSpec
 from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv
 from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
 from kiln.serve.secretfiles import write_private

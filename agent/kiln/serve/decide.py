@@ -13,7 +13,6 @@ from typing import Any
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import SECRET_FIELDS, Choice, Problem, tls_summary
 from kiln.choice.select import FALLBACK_PROFILE, select_profile
-from kiln.cli.views import plan_dict
 from kiln.cluster.membership import Membership
 from kiln.errors import KilnError
 from kiln.hardware.model import Machine
@@ -25,7 +24,7 @@ from kiln.planner.search import choose
 from kiln.planner.types import Plan, Refusal
 from kiln.profiles.schema import Profile
 from kiln.render.cluster import Node, node_argv, node_env
-from kiln.render.vllm import RenderedInstance, Runtime, render_instances
+from kiln.render.vllm import RenderedInstance, Runtime, plan_document, render_instances
 from kiln.wiring import Kiln
 
 # Choice fields that override the planner; without them a profile gets the planner's own settings.
@@ -69,7 +68,7 @@ class Decision:
     def plan_report(self) -> dict[str, Any] | None:
         if not (self.plan and self.machine):
             return None
-        return plan_dict(self.plan, self.rendered, self.machine)
+        return plan_document(self.plan, self.rendered, self.machine.gpu_count)
 
 
 def _refusal_problem(refusal: Refusal, profile: str, then: str) -> Problem:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.serve.cost import TokenMeter, usd_per_million_tokens
+from kiln.pricing import usd_per_million_tokens
+from kiln.serve.meter import TokenMeter
 from kiln.serve.supervisor import HELD, READY, STARTING, Supervisor
 
 DETECTING, PLANNING, DOWNLOADING, STARTING_PHASE, READY_PHASE, DEGRADED, FAILED = (

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kiln.serve.processes import ProcessSpec
+from kiln.processes import ProcessSpec
 
 log = logging.getLogger("kiln.supervisor")
 

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from kiln.processes import ProcessSpec
 from kiln.render.systemd import instance_unit_name
-from kiln.serve.processes import ProcessSpec
 
 RUNTIME_UNIT_DIR = Path("/run/systemd/system")
 SERVICE_UNITS = {"proxy": "kiln-proxy.service", "router": "kiln-router.service"}
