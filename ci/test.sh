@@ -1,6 +1,32 @@
 #!/usr/bin/env bash
-# Run every test tier: unit tests (with ruff and mypy) and the integration tests with real vLLM on the CPU.
+# kiln's tests, in two tiers (docs/testing.md):
+#   bash ci/test.sh --fast   ruff, mypy and the unit tests: a couple of minutes, nothing started but kiln itself
+#   bash ci/test.sh          every tier: the above, then the integration tests (real vLLM on the CPU, nginx,
+#                            Pebble, QEMU, network namespaces); CI's command (.ci/run)
+# Extra arguments go to pytest, e.g. `bash ci/test.sh --fast -k planner`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash ci/setup.sh
-exec "${KILN_VENV:-.venv}/bin/python" -m pytest -v "$@"
+VENV=${KILN_VENV:-.venv}
+PY="$VENV/bin/python"
+
+tier=all
+if [ "${1:-}" = "--fast" ]; then tier=fast; shift; fi
+
+# The full tier sets the machine up first (CI starts from a clean clone); the fast tier only when nothing is there.
+if [ "$tier" = all ] || [ ! -x "$VENV/bin/kiln" ]; then
+  bash ci/setup.sh
+fi
+
+started=$(date +%s)
+echo "==> ruff"
+"$PY" -m ruff check agent tests benchmarks roles
+echo "==> mypy"
+"$PY" -m mypy
+if [ "$tier" = fast ]; then
+  echo "==> unit tests"
+  "$PY" -m pytest -q -m "not integration" -n "${KILN_TEST_WORKERS:-auto}" --durations=10 "$@"
+else
+  echo "==> every test (the 25 slowest are listed at the end)"
+  "$PY" -m pytest -v --durations=25 "$@"
+fi
+echo "==> $tier tier: $(( $(date +%s) - started )) s"

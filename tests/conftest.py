@@ -12,8 +12,17 @@ import pytest
 from kiln.wiring import Kiln
 
 REPO = Path(__file__).resolve().parents[1]
+INTEGRATION = Path(__file__).resolve().parent / "integration"
 PROFILES = REPO / "profiles"
 DATA = Path(__file__).resolve().parent / "data"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The folder decides the tier: everything under tests/integration/ is marked `integration`, so no test there
+    can slip into the fast tier (`-m "not integration"`, run by `ci/test.sh --fast`)."""
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
