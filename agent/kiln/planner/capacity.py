@@ -145,12 +145,32 @@ def overhead_bytes_per_gpu(profile: Profile, tp: int, max_num_seqs: int, max_num
     return int(v["non_torch_bytes"] + parallel + activation + logits + graphs)
 
 
-def cudagraph_capture_count(max_capture_size: int) -> int:
-    """How many batch sizes vLLM captures: 1, 2, 4, then every 8 up to 256, then every 16."""
-    sizes = [s for s in (1, 2, 4) if s <= max_capture_size]
-    sizes += list(range(8, min(max_capture_size, 256) + 1, 8))
-    sizes += list(range(272, max_capture_size + 1, 16))
-    return len(sizes)
+def cudagraph_capture_sizes(max_capture_size: int, max_num_batched_tokens: int | None = None) -> list[int]:
+    """The batch sizes (tokens) vLLM 0.32 captures for a given max_cudagraph_capture_size: 1, 2, 4, every 8 below
+    256, every 16 from 256, and max_num_batched_tokens itself when it fits (vllm/config/vllm.py,
+    VllmConfig._set_cudagraph_sizes); the ceiling is first cut to max_num_batched_tokens."""
+    top = min(max_capture_size, max_num_batched_tokens) if max_num_batched_tokens else max_capture_size
+    sizes = [s for s in (1, 2, 4) if s <= top]
+    if top >= 8:
+        sizes += list(range(8, min(top + 1, 256), 8))
+    if top >= 256:
+        sizes += list(range(256, top + 1, 16))
+    if max_num_batched_tokens and max_num_batched_tokens <= top:
+        sizes.append(max_num_batched_tokens)
+    return sorted(set(sizes))
+
+
+def cudagraph_capture_count(max_capture_size: int, max_num_batched_tokens: int | None = None,
+                            max_num_seqs: int | None = None, decode_query_len: int = 1) -> int:
+    """How many CUDA graphs vLLM 0.32 captures. Under FULL_AND_PIECEWISE (kiln's plans), a PIECEWISE graph for
+    every capture size and, given max_num_seqs, a FULL decode graph for every size from decode_query_len to
+    max_num_seqs x decode_query_len (vllm/v1/cudagraph_dispatcher.py, initialize_cudagraph_keys): the start-up log
+    says "Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=51 (largest=512)"."""
+    sizes = cudagraph_capture_sizes(max_capture_size, max_num_batched_tokens)
+    if max_num_seqs is None:
+        return len(sizes)
+    full = [s for s in sizes if decode_query_len <= s <= max_num_seqs * decode_query_len]
+    return len(sizes) + len(full)
 
 
 def kv_cache_tokens(kv_bytes_per_gpu: int, layout: KvLayout, max_model_len: int, block_size: int,
