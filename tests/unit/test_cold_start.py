@@ -9,6 +9,7 @@ import pytest
 
 from kiln.cli.main import main
 from kiln.perf.coldstart import GIB, StartShape, predict_cold_start, predict_cold_starts
+from kiln.planner.capacity import cudagraph_capture_count, cudagraph_capture_sizes
 from kiln.wiring import Kiln
 
 # Held-out measurements: process start to "Starting vLLM server", weights on disk, torch.compile cold, in
@@ -64,3 +65,17 @@ def test_kiln_plan_shows_the_cold_start(capsys: pytest.CaptureFixture[str]) -> N
     assert cold["baked"]["goal_s"] == 120 and cold["download"]["total_s"] > cold["baked"]["total_s"]
     parts = {p["part"] for p in cold["download"]["parts"]}
     assert {"download", "weights load", "torch.compile", "KV-cache profile", "CUDA graphs", "TP group start"} <= parts
+
+
+def test_the_capture_count_is_vllms() -> None:
+    """vLLM 0.19-0.32 on H100 at max_num_seqs 1024, max_num_batched_tokens 8192 (llm-d-planner's Llama 3.1 8B log):
+    "Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=51 (largest=512)"."""
+    assert cudagraph_capture_count(512, 8192, 1024) == 102
+    assert cudagraph_capture_count(512) == 51  # the sizes alone, as the memory fit counts them
+    assert cudagraph_capture_sizes(512, 8192)[:5] == [1, 2, 4, 8, 16]
+    assert cudagraph_capture_sizes(512)[-2:] == [496, 512]
+    # max_num_batched_tokens below the ceiling cuts it and is captured itself; FULL decode graphs stop at max_num_seqs.
+    assert cudagraph_capture_sizes(512, 300)[-3:] == [272, 288, 300]
+    assert cudagraph_capture_count(64, 8192, 16) == 11 + 5
+    # With 3 draft tokens a decode step is 4 tokens a sequence: FULL graphs from 4 to 4 x max_num_seqs.
+    assert cudagraph_capture_count(128, 8192, 32, decode_query_len=4) == 19 + 17  # 4, then 8 to 128
