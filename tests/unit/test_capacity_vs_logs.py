@@ -32,10 +32,10 @@ def test_bytes_to_tokens_matches_vllm_exactly_for_uniform_models(rows: list[Row]
 
 
 def test_predicted_kv_memory_is_close_to_vllm(versioned: list[Row]) -> None:
-    """From the GPU and the profile alone, the available KV memory lands within 4% of vLLM's."""
+    """From the GPU and the profile alone, a dense model's available KV memory lands within 4% of vLLM's."""
     checked = 0
     for r in versioned:
-        if r.logged_available_gib and r.logged_available_gib > 10:
+        if r.logged_available_gib and r.logged_available_gib > 10 and not r.moe:
             error = Row.error(r.predicted_available_gib, r.logged_available_gib)
             assert error is not None and abs(error) < 0.04, (r.id, r.predicted_available_gib, r.logged_available_gib)
             checked += 1
