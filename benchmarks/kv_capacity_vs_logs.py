@@ -69,6 +69,9 @@ class Row:
     logged_tokens: int | None
     predicted_tokens: int
     tokens_from_logged_memory: int | None  # kiln's bytes->tokens step applied to vLLM's own available memory
+    tp: int
+    logged_graphs_gib: float | None  # "Estimated CUDA graph memory: N GiB total"
+    predicted_graphs_gib: float  # what vLLM 0.32's profile reserves for these capture sizes, as kiln models it
 
     @staticmethod
     def error(predicted: float, logged: float | None) -> float | None:
@@ -113,6 +116,10 @@ def compare(obs: dict[str, Any], kiln: Kiln, shift: dict[str, int] | None = None
                   max_num_batched_tokens=obs.get("max_num_batched_tokens") or H100_DEFAULT_BATCHED,
                   kv_dtype=obs["kv_cache_dtype"], c=constants)
     predicted = cap.kv_capacity(profile, **kwargs)  # type: ignore[arg-type]
+    seqs, batched = kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"]
+    piecewise = cap.cudagraph_capture_count(min(2 * seqs, 512), batched)  # type: ignore[operator, arg-type]
+    full = cap.cudagraph_capture_count(min(2 * seqs, 512), batched, seqs) - piecewise  # type: ignore[operator, arg-type]
+    graphs = cap.cudagraph_reserve_bytes(obs["tensor_parallel_size"], piecewise, full, constants)
     from_logged = None
     if obs.get("available_kv_cache_gib"):
         from_logged, _ = cap.kv_cache_tokens(int(obs["available_kv_cache_gib"] * GIB), predicted.layout,
@@ -124,7 +131,8 @@ def compare(obs: dict[str, Any], kiln: Kiln, shift: dict[str, int] | None = None
         logged_available_gib=obs.get("available_kv_cache_gib"),
         predicted_available_gib=predicted.kv_cache_bytes_per_gpu / GIB,
         logged_tokens=obs.get("kv_cache_tokens"), predicted_tokens=predicted.tokens,
-        tokens_from_logged_memory=from_logged,
+        tokens_from_logged_memory=from_logged, tp=obs["tensor_parallel_size"],
+        logged_graphs_gib=obs.get("cudagraph_estimate_gib"), predicted_graphs_gib=graphs / GIB,
     )
 
 
@@ -202,7 +210,7 @@ def _num(value: float | None, fmt: str) -> str:
 def main() -> int:
     kiln = Kiln.create(REPO / "profiles")
     header = ("observation", "weights GiB log/kiln", "KV GiB log/kiln (err)", "KV tokens log", "kiln (err)",
-              "kiln from logged GiB (err)")
+              "kiln from logged GiB (err)", "CUDA graphs GiB log/kiln")
     print(" | ".join(header))
     print(" | ".join("---" for _ in header))
     rows = compare_all(kiln)
@@ -216,6 +224,7 @@ def main() -> int:
             f"{r.predicted_tokens:,} ({_pct(Row.error(r.predicted_tokens, r.logged_tokens))})",
             f"{_num(r.tokens_from_logged_memory, ',')} "
             f"({_pct(Row.error(r.tokens_from_logged_memory or 0, r.logged_tokens))})",
+            f"{_num(r.logged_graphs_gib, '.2f')} / {r.predicted_graphs_gib:.2f}",
         ]))
     summary = summarize(kiln, rows)
     print(f"\nKV capacity within ±{TOLERANCE:.0%} of the log, of {summary.judged} logs: "

@@ -2,7 +2,7 @@
 
 It mirrors how vLLM sizes its KV cache at start-up (vllm/v1/worker/gpu_worker.py
 determine_available_memory; vllm/v1/core/kv_cache_utils.py get_kv_cache_capacity):
-    available = total × gpu_memory_utilization − weights − non-torch − peak activation − CUDA graphs
+    available = total × gpu_memory_utilization − weights − non-torch − peak activation − CUDA-graph estimate
     tokens    = blocks / blocks-per-request × max_model_len
 """
 
@@ -130,8 +130,9 @@ def kv_layout(arch: ModelArch, tp: int, kv_dtype: str) -> KvLayout:
 
 
 def overhead_bytes_per_gpu(profile: Profile, tp: int, max_num_seqs: int, max_num_batched_tokens: int,
-                           capture_sizes: int, c: Constants) -> int:
-    """What vLLM's start-up profiling takes besides weights: non-torch, activations, logits, graphs."""
+                           capture_sizes: int, c: Constants, full_graphs: int = 0) -> int:
+    """What vLLM's start-up profiling takes besides weights: non-torch, activations, logits, and the CUDA-graph
+    estimate for `capture_sizes` PIECEWISE and `full_graphs` FULL graphs (cudagraph_reserve_bytes)."""
     arch = profile.architecture
     v = c.get("vllm")
     mlp_width = arch.moe.moe_intermediate_size if arch.moe and arch.moe.moe_intermediate_size else (
@@ -140,9 +141,33 @@ def overhead_bytes_per_gpu(profile: Profile, tp: int, max_num_seqs: int, max_num
                                            + 2 * mlp_width // tp * v["activation_bytes_per_token_per_mlp"])
     logits = max_num_seqs * arch.vocab_size * v["logits_bytes_per_seq_per_vocab"]
     parallel = v["tensor_parallel_extra_bytes"] if tp > 1 else 0
-    graphs = capture_sizes * arch.num_layers * v["cudagraph_bytes_per_size_per_layer"] if (
-        v["subtract_cudagraph_estimate"]) else 0
+    graphs = cudagraph_reserve_bytes(tp, capture_sizes, full_graphs, c) if v["subtract_cudagraph_estimate"] else 0
     return int(v["non_torch_bytes"] + parallel + activation + logits + graphs)
+
+
+def cudagraph_reserve_bytes(tp: int, piecewise_graphs: int, full_graphs: int, c: Constants) -> int:
+    """The CUDA-graph memory vLLM 0.32 takes out of the KV cache before sizing it.
+
+    Worker.determine_available_memory (vllm/v1/worker/gpu_worker.py) subtracts
+    GPUModelRunner.profile_cudagraph_memory() (vllm/v1/worker/gpu_model_runner.py): per mode it captures the two
+    largest graphs, and reserves the larger first capture plus, for every further graph of either mode, the second
+    capture's cost ("first-capture + (n-1) x per-graph" in its DEBUG log). Under tensor parallelism each PIECEWISE
+    graph also holds its custom all-reduce buffers.
+    """
+    if piecewise_graphs + full_graphs == 0:
+        return 0
+    v = c.get("vllm")
+    per_graph = v["cudagraph_bytes_per_graph"]
+    per_piecewise = per_graph + (v["cudagraph_tensor_parallel_bytes_per_piecewise_graph"] if tp > 1 else 0)
+    return int(v["cudagraph_first_capture_bytes"] + max(piecewise_graphs - 1, 0) * per_piecewise
+               + max(full_graphs - 1, 0) * per_graph)
+
+
+def max_utilization_for_capture(gpu_memory_bytes: int, c: Constants) -> float:
+    """The highest gpu_memory_utilization that still leaves room outside vLLM's budget for the capture to overrun
+    its own estimate: the real capture runs after the full KV cache is allocated and can take more than the
+    profile measured (vllm#57475: an OOM at 0.98 on a 24 GB GPU, none at 0.97)."""
+    return 1 - c.get("vllm", "cudagraph_capture_overrun_bytes") / gpu_memory_bytes
 
 
 def cudagraph_capture_sizes(max_capture_size: int, max_num_batched_tokens: int | None = None) -> list[int]:
@@ -221,8 +246,10 @@ def kv_capacity(profile: Profile, *, precision: str, tp: int, gpu_memory_bytes: 
     """
     weights = (weight_bytes_override if weight_bytes_override is not None
                else weight_bytes(profile, precision) // tp) + draft_params * 2 // tp
-    capture = cudagraph_capture_count(max_capture_size or min(max_num_seqs * 2, 512))
-    overhead = overhead_bytes_per_gpu(profile, tp, max_num_seqs, max_num_batched_tokens, capture, c)
+    capture = cudagraph_capture_count(max_capture_size or min(max_num_seqs * 2, 512), max_num_batched_tokens)
+    full = cudagraph_capture_count(max_capture_size or min(max_num_seqs * 2, 512), max_num_batched_tokens,
+                                   max_num_seqs) - capture
+    overhead = overhead_bytes_per_gpu(profile, tp, max_num_seqs, max_num_batched_tokens, capture, c, full)
     kv_bytes = int(gpu_memory_bytes * utilization) - weights - overhead
     layout = kv_layout(profile.architecture, tp, kv_dtype)
     tokens, concurrency = kv_cache_tokens(max(kv_bytes, 0), layout, max_model_len, c.get("vllm", "block_size"),
