@@ -167,7 +167,7 @@ def max_utilization_for_capture(gpu_memory_bytes: int, c: Constants) -> float:
     """The highest gpu_memory_utilization that still leaves room outside vLLM's budget for the capture to overrun
     its own estimate: the real capture runs after the full KV cache is allocated and can take more than the
     profile measured (vllm#57475: an OOM at 0.98 on a 24 GB GPU, none at 0.97)."""
-    return 1 - c.get("vllm", "cudagraph_capture_overrun_bytes") / gpu_memory_bytes
+    return 1 - float(c.get("vllm", "cudagraph_capture_overrun_bytes")) / gpu_memory_bytes
 
 
 def cudagraph_capture_sizes(max_capture_size: int, max_num_batched_tokens: int | None = None) -> list[int]:
