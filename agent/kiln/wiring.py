@@ -44,7 +44,8 @@ class Kiln:
 
     @classmethod
     def create(cls, profile_dir: Path | None = None) -> Kiln:
-        return cls(gpus=gpu_catalog(), constants=Constants(datafiles.read_yaml("planner.yaml")),
+        return cls(gpus=gpu_catalog(), constants=Constants(
+            {**datafiles.read_yaml("planner.yaml"), "cold_start": datafiles.read_yaml("coldstart.yaml")}),
                    stack=GpuStack.model_validate(datafiles.read_yaml("gpu_stack.yaml")), profile_dir=profile_dir)
 
     def aiconfigurator(self) -> AiConfigurator | None:

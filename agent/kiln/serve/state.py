@@ -123,7 +123,8 @@ class AgentState:
             "doctor": self.doctor,
             "download": self.download,
             "cache": self.cache,
-            "startup": self.startup,
+            # The boot's measured timeline beside the plan's predicted cold start (kiln/perf/coldstart.py).
+            "startup": {**self.startup, "predicted": (self.plan or {}).get("cold_start")},
             "cluster": self.cluster,
             "gpus": self.telemetry() if with_telemetry else [],
         }
