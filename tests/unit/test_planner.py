@@ -11,7 +11,7 @@ from kiln.choice.schema import Choice
 from kiln.hardware.detect import detect_recorded
 from kiln.hardware.fixtures import load_fixture
 from kiln.hardware.model import Architecture
-from kiln.planner.plan import make_plan
+from kiln.planner.search import make_plan
 from kiln.planner.types import Plan, Refusal
 from kiln.wiring import Kiln
 

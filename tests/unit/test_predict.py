@@ -15,7 +15,7 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice, validate_fields
 from kiln.perf.predict import forecast, kiln_steps
 from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, WorkloadSpec, resolve
-from kiln.planner.plan import make_plan
+from kiln.planner.search import make_plan
 from kiln.planner.search import OUTPUT_TIE, Choosing, choose
 from kiln.planner.types import Plan, Refusal
 from kiln.render.vllm import Runtime

@@ -14,7 +14,7 @@ from kiln.doctor.facts import Needs
 from kiln.doctor.needs import needs_of
 from kiln.hardware.fixtures import fixture_names
 from kiln.hardware.model import Machine
-from kiln.planner.plan import make_plan
+from kiln.planner.search import make_plan
 from kiln.planner.types import Plan
 from kiln.render.vllm import find_vllm_python
 from kiln.serve.caches import place_caches

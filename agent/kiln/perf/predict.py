@@ -171,10 +171,12 @@ def forecast(plan: Plan, workload: Workload, steps: StepModel, c: Constants, emi
     if draft and emitted:
         draft = Drafting(draft.tokens, float(emitted))
     lim = limits(plan)
-    cache: dict[tuple[int | None, int, int], Outcome] = {}
+    cache: dict[tuple[int | None, int, tuple[float, ...]], Outcome] = {}
     outcomes = []
     for load in per_instance:
-        key = (load.concurrency, load.num_prompts, len(load.arrivals)) if load.concurrency else None
+        # Instances sent the same requests at the same times serve them alike: simulate one of them.
+        key = (load.concurrency, load.num_prompts, load.arrivals) if load.concurrency or not any(
+            load.arrivals) else None
         if key is not None and key in cache:
             outcomes.append(cache[key])
             continue
