@@ -15,8 +15,7 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice, validate_fields
 from kiln.perf.predict import forecast, kiln_steps
 from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, WorkloadSpec, resolve
-from kiln.planner.search import make_plan
-from kiln.planner.search import OUTPUT_TIE, Choosing, choose
+from kiln.planner.search import OUTPUT_TIE, Choosing, choose, make_plan
 from kiln.planner.types import Plan, Refusal
 from kiln.render.vllm import Runtime
 from kiln.serve.decide import decide
@@ -27,13 +26,14 @@ CONTRACT = {"output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "toke
             "tpot_ms", "itl_ms", "engine", "notes"}
 
 
-def test_the_default_workload_is_the_planners_former_request_shape(kiln: Kiln) -> None:
+def test_the_default_workload_keeps_each_user_above_a_speed_floor(kiln: Kiln) -> None:
     default = resolve(None)
-    assert DEFAULT_PRESET == "batch" and default.preset == "batch"
+    assert DEFAULT_PRESET == "serve" and default.preset == "serve"
     planning = kiln.constants.get("planning")
     assert (default.input_len, default.output_len) == (planning["typical_prompt_tokens"],
                                                        planning["typical_output_tokens"])
-    assert default.request_rate == math.inf and not default.has_budget
+    assert default.request_rate == math.inf and default.tpot_budget_ms is not None
+    assert 40 <= default.tpot_budget_ms <= 200  # inside MLPerf's server-scenario TPOT bounds
     assert all(p.why for p in PRESETS.values())
 
 

@@ -12,9 +12,8 @@ from typing import Any
 
 from kiln.hardware.model import Machine
 from kiln.perf.simulate import Drafting, Limits, Load, Outcome, percentile, poisson_arrivals, simulate
-from kiln.perf.steps import Efficiency, Hardware, RooflineSteps, StepModel
+from kiln.perf.steps import Efficiency, Hardware, RooflineSteps, StepModel, speculative_tokens_per_step
 from kiln.perf.workload import Workload
-from kiln.planner import capacity as cap
 from kiln.planner.types import Constants, Plan
 from kiln.profiles.schema import Profile
 
@@ -92,7 +91,7 @@ def drafting(plan: Plan, c: Constants) -> Drafting | None:
         return None
     k = int(spec["num_speculative_tokens"])
     acceptance = c.get("roofline", "acceptance_rate").get(spec["method"], 0.5)
-    return Drafting(k, cap.speculative_tokens_per_step(acceptance, k))
+    return Drafting(k, speculative_tokens_per_step(acceptance, k))
 
 
 def kiln_steps(plan: Plan, machine: Machine, profile: Profile, c: Constants) -> StepModel:

@@ -15,6 +15,37 @@ from kiln.profiles.schema import Profile
 
 
 @dataclass(frozen=True)
+class Roofline:
+    bandwidth_bytes_s: float  # achievable memory bandwidth, per GPU
+    flops: float | None  # achievable dense FLOP/s per GPU at the weight precision
+    allreduce_latency_s: float  # one small all-reduce
+    link_bytes_s: float  # one direction of the GPU-to-GPU link, per GPU
+
+
+def allreduce_seconds(tokens: int, hidden: int, tp: int, roof: Roofline) -> float:
+    """One ring all-reduce of `tokens` bf16 hidden states across `tp` GPUs."""
+    if tp <= 1:
+        return 0.0
+    payload = tokens * hidden * 2
+    return roof.allreduce_latency_s + 2 * (tp - 1) / tp * payload / roof.link_bytes_s
+
+
+def draft_seconds(profile: Profile, precision: str, tp: int, k: int, roof: Roofline) -> float:
+    """k draft passes of an EAGLE/MTP head: about one decoder layer plus the LM head, memory-bound."""
+    arch = profile.architecture
+    one_layer = cap.active_weight_bytes(profile, precision, 1) / arch.num_layers
+    lm_head = arch.vocab_size * arch.hidden_size * 2
+    return k * (one_layer + lm_head) / tp / roof.bandwidth_bytes_s
+
+
+def speculative_tokens_per_step(acceptance: float, k: int) -> float:
+    """Expected tokens emitted per verification step with k drafted tokens (geometric acceptance)."""
+    if acceptance >= 1:
+        return float(k + 1)
+    return (1 - acceptance ** (k + 1)) / (1 - acceptance)
+
+
+@dataclass(frozen=True)
 class Step:
     decode_seqs: int
     decode_context: float  # tokens in the KV cache of all decoding sequences together
@@ -81,9 +112,9 @@ class RooflineSteps:
     def name(self) -> str:
         return self.label
 
-    def _roof(self) -> cap.Roofline:
+    def _roof(self) -> Roofline:
         h, e = self.hardware, self.efficiency
-        return cap.Roofline(h.bandwidth_bytes_s * e.memory, h.flops * e.compute if h.flops else None,
+        return Roofline(h.bandwidth_bytes_s * e.memory, h.flops * e.compute if h.flops else None,
                             h.allreduce_latency_s, h.link_bytes_s)
 
     def seconds(self, step: Step) -> float:
@@ -104,7 +135,7 @@ class RooflineSteps:
                                                        * step.tokens_per_seq) / self.tp
             moe_flops = roof.flops / self.efficiency.compute * self.efficiency.compute_moe
             compute_s = (dense + attention) / roof.flops + experts / moe_flops
-        comm_s = 2 * arch.num_layers * cap.allreduce_seconds(tokens, arch.hidden_size, self.tp, roof)
+        comm_s = 2 * arch.num_layers * allreduce_seconds(tokens, arch.hidden_size, self.tp, roof)
         if self.expert_parallel and arch.moe is not None:
             comm_s += self._all_to_all_seconds(tokens, roof)
         e = self.efficiency
@@ -112,7 +143,7 @@ class RooflineSteps:
             step.decode_seqs + (1 if step.prefill_tokens else 0))
         draft_s = 0.0
         if self.draft_tokens and step.tokens_per_seq > 1:
-            draft_s = cap.draft_seconds(self.profile, self.precision, self.tp, self.draft_tokens, roof) + (
+            draft_s = draft_seconds(self.profile, self.precision, self.tp, self.draft_tokens, roof) + (
                 self.draft_tokens * self.efficiency.overhead_per_layer_s)
         return max(memory_s, compute_s) + comm_s + fixed + draft_s
 
@@ -133,7 +164,7 @@ class RooflineSteps:
         dense = cap.weight_bytes(self.profile, self.precision) - cap.expert_weight_bytes(self.profile, self.precision)
         return dense / self.tp + max(active - dense, 0.0) / (self.tp * self.data_parallel)
 
-    def _all_to_all_seconds(self, tokens: int, roof: cap.Roofline) -> float:
+    def _all_to_all_seconds(self, tokens: int, roof: Roofline) -> float:
         """Dispatch and combine in every MoE layer: each token's hidden state (bf16) to its k experts' ranks and
         back, the share bound for other GPUs over one link direction, plus a latency like an all-reduce's."""
         arch, moe = self.profile.architecture, self.profile.architecture.moe

@@ -221,8 +221,8 @@ def describe(machine: Machine, profile: Profile, plan: Plan) -> list[str]:
         + (", the routed experts spread over all its GPUs (expert parallel)." if e.enable_expert_parallel else "."),
     ]
     if len(plan.instances) > 1:
-        lines.append(f"{len(plan.instances)} instances of {split}: independent replicas behind one endpoint (concurrent instances), each "
-                     f"on {len(plan.instances[0].gpus)} GPU(s).")
+        lines.append(f"{len(plan.instances)} instances of {split}: independent replicas behind one endpoint "
+                     f"(concurrent instances), each on {len(plan.instances[0].gpus)} GPU(s).")
     kv_word = "fp8 (half the bytes of bf16)" if plan.kv_cache_dtype == "fp8" else "the model's dtype"
     lines.append(f"KV cache in {kv_word}: {p.kv_bytes_per_token:,} bytes per token; "
                  f"{p.kv_cache_tokens_per_instance:,} tokens per instance, {p.max_concurrency_per_instance:.1f} "
