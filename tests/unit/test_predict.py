@@ -15,8 +15,9 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice, validate_fields
 from kiln.perf.predict import forecast, kiln_steps
 from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, WorkloadSpec, resolve
-from kiln.planner.search import OUTPUT_TIE, Choosing, choose, make_plan
-from kiln.planner.types import Plan, Refusal
+from kiln.planner.plan import fit_plans
+from kiln.planner.search import OUTPUT_TIE, Choosing, choose
+from kiln.planner.types import Refusal
 from kiln.render.vllm import Runtime
 from kiln.serve.decide import decide
 from kiln.wiring import Kiln
@@ -89,8 +90,9 @@ def test_speculative_decodings_gain_shrinks_as_the_batch_fills(kiln: Kiln) -> No
     machine, profile = kiln.machine("h100x8"), kiln.profile("llama-3.3-70b-instruct", None)
 
     def output(spec: bool, concurrency: int) -> float:
-        plan = make_plan(machine, profile, Choice(tensor_parallel_size=2, speculative_decoding=spec), kiln.constants)
-        assert isinstance(plan, Plan)
+        fitted = fit_plans(machine, profile, Choice(tensor_parallel_size=2, speculative_decoding=spec), kiln.constants)
+        assert not isinstance(fitted, Refusal)
+        plan = fitted[0]  # the memory fit alone: the profile's draft length and the full batch limit
         work = Workload(1024, 512, concurrency=concurrency, num_prompts=4 * concurrency)
         return forecast(plan, work, kiln_steps(plan, machine, profile, kiln.constants), kiln.constants
                         ).output_tokens_per_s
