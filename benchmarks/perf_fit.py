@@ -40,6 +40,61 @@ def with_roofline(kiln: Kiln, values: dict[str, float]) -> Kiln:
     return Kiln(kiln.gpus, Constants(data), kiln.stack, kiln.profile_dir)
 
 
+Errors = list[float | None]  # per case: predicted / measured - 1, None where the case is not modeled
+
+
+def family(model: str) -> str:
+    """A model family: the architecture line a fit could learn from its relatives (gpt-oss, qwen3, deepseek...)."""
+    return "gpt-oss" if model.startswith("gpt-oss") else model.split("-", maxsplit=1)[0]
+
+
+def combos(grid: dict[str, tuple[Any, ...]] = GRID) -> list[dict[str, Any]]:
+    return [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+
+def error_matrix(kiln: Kiln, cases: list[dict[str, Any]], grid: list[dict[str, Any]]) -> list[Errors]:
+    """Each grid point's error on every case."""
+    return [[evaluate(with_roofline(kiln, values), c).error("kiln") for c in cases] for values in grid]
+
+
+def _rank(errors: Errors, keep: list[bool]) -> tuple[float, float]:
+    kept = [abs(e) for e, k in zip(errors, keep, strict=True) if k and e is not None]
+    if not kept:
+        return 0.0, float("inf")
+    return sum(e <= WITHIN for e in kept) / len(kept), -statistics.median(kept)
+
+
+def held_out(matrix: list[Errors], groups: list[str]) -> Errors:
+    """Every case predicted by the grid point that fits best without the case's whole group."""
+    out: Errors = [None] * len(groups)
+    for group in sorted(set(groups)):
+        keep = [g != group for g in groups]
+        best = max(range(len(matrix)), key=lambda i: _rank(matrix[i], keep))
+        for j, g in enumerate(groups):
+            if g == group:
+                out[j] = matrix[best][j]
+    return out
+
+
+def stats(errors: Errors) -> tuple[float, float, int]:
+    found = [abs(e) for e in errors if e is not None]
+    if not found:
+        return 0.0, float("inf"), 0
+    return sum(e <= WITHIN for e in found) / len(found), statistics.median(found), len(found)
+
+
+def out_of_sample(kiln: Kiln, cases: list[dict[str, Any]], grid: list[dict[str, Any]]
+                  ) -> dict[str, tuple[Errors, tuple[float, float, int]]]:
+    """In-sample (the best grid point on all cases), leave-one-source-out and leave-one-family-out errors."""
+    matrix = error_matrix(kiln, cases, grid)
+    sources = [str(c.get("source_group") or c["source"]) for c in cases]
+    families = [family(c["model"]) for c in cases]
+    everyone = held_out(matrix, ["all"] * len(cases))
+    loso, lofo = held_out(matrix, sources), held_out(matrix, families)
+    return {name: (errs, stats(errs)) for name, errs in
+            (("in-sample", everyone), ("leave-one-source-out", loso), ("leave-one-family-out", lofo))}
+
+
 def main() -> int:
     kiln = Kiln.create()
     cases = load_cases()

@@ -215,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--no-aiconfigurator", action="store_true", help="skip AIConfigurator's column")
+    parser.add_argument("--out-of-sample", action="store_true",
+                        help="refit the constants without each source and each model family, predict the held-out "
+                             "cases, and print the bands (data/planner.yaml `bands`) their errors give")
     args = parser.parse_args(argv)
+    if args.out_of_sample:
+        return out_of_sample_report()
     kiln = Kiln.create()
     cases = load_cases()
     rows = [evaluate(kiln, c) for c in cases]
@@ -273,6 +278,54 @@ def planner_timings(kiln: Kiln) -> dict[str, float]:
                lambda p: kiln_steps(p, machine, profile, kiln.constants))
         out[f"llama-3.3-70b-instruct on h100x8, {name}"] = time.perf_counter() - started
     return out
+
+
+def case_class(kiln: Kiln, case: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(GPU generation, dense or moe, load regime) of a case, as kiln.planner.bands names a prediction's class."""
+    from kiln.planner.bands import regime  # noqa: PLC0415
+
+    profile, spec = _profile(kiln, case), kiln.gpus.specs.get(case["gpu"])
+    if isinstance(profile, str) or spec is None:
+        return None
+    w = case["workload"]
+    replicas = int(case.get("instances") or 1) * int(case.get("dp") or 1)
+    load = int(w.get("concurrency") or w.get("num_prompts") or 1000) / replicas
+    return spec.architecture.value, "moe" if profile.architecture.moe else "dense", regime(load)
+
+
+def bands(classes: list[tuple[str, str, str] | None], errors: list[float | None]) -> dict[str, dict[str, Any]]:
+    """Per class (and coarser), the 10th and 90th percentile of measured / predicted over the held-out cases."""
+    from kiln.planner.bands import class_keys  # noqa: PLC0415
+
+    ratios: dict[str, list[float]] = {}
+    for cls, err in zip(classes, errors, strict=True):
+        if cls is None or err is None:
+            continue
+        for key in class_keys(*cls):
+            ratios.setdefault(key, []).append(1 / (1 + err))
+    out = {}
+    for key, values in sorted(ratios.items()):
+        ordered = sorted(values)
+        q = statistics.quantiles(ordered, n=10, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 9
+        out[key] = {"low": round(q[0], 2), "high": round(q[-1], 2), "cases": len(ordered)}
+    return out
+
+
+def out_of_sample_report() -> int:
+    from benchmarks.perf_fit import combos, out_of_sample  # noqa: PLC0415
+
+    kiln = Kiln.create()
+    cases = [{**c, "workload": lengths(c)} for c in load_cases()]
+    results = out_of_sample(kiln, cases, combos())
+    print(f"{len(cases)} public cases; grid of {len(combos())} constant sets (benchmarks.perf_fit.GRID)")
+    for name, (_, (within, median, n)) in results.items():
+        print(f"{name:22} {n:3} cases: {within:.0%} within ±25%, median |error| {median:.0%}")
+    classes = [case_class(kiln, c) for c in cases]
+    print("\nbands (data/planner.yaml `bands: classes:`), from the leave-one-source-out errors:")
+    for key, band in bands(classes, results["leave-one-source-out"][0]).items():
+        print(f"    {key}: {{low: {band['low']}, high: {band['high']}, cases: {band['cases']}}}")
+    return 0
+
 
 
 if __name__ == "__main__":

@@ -81,8 +81,11 @@ def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Const
     nvlink = machine.gpu_count > 1 and all(machine.linked(0, j) for j in range(machine.gpu_count))
     link = "nvlink" if nvlink else "pcie"
     link_gb_s = spec.nvlink_gb_s / 2 if nvlink and spec.nvlink_gb_s else c.get("roofline", "pcie_gb_s")
+    tables = c.get("roofline").get("allreduce_us_nvlink", {}).get(spec.architecture.value, {}) if nvlink else {}
+    table = tuple((int(n), tuple((int(x), float(y)) for x, y in points)) for n, points in tables.items())
     return Hardware(spec.memory_bandwidth_gb_s * 1e9, tflops * 1e12 if tflops else None,
-                    c.get("roofline", "allreduce_latency_s", link) if tp > 1 else 0.0, link_gb_s * 1e9)
+                    c.get("roofline", "allreduce_latency_s", link) if tp > 1 else 0.0, link_gb_s * 1e9,
+                    allreduce_us=table, sparse_mla_min_heads=int(c.get("roofline").get("sparse_mla_min_heads", 0)))
 
 
 def drafting(plan: Plan, c: Constants) -> Drafting | None:

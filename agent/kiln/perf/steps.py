@@ -7,6 +7,8 @@ decoding sequence, plus the prompt chunks chunked prefill mixes in.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,12 +24,32 @@ class Roofline:
     link_bytes_s: float  # one direction of the GPU-to-GPU link, per GPU
 
 
-def allreduce_seconds(tokens: int, hidden: int, tp: int, roof: Roofline) -> float:
-    """One ring all-reduce of `tokens` bf16 hidden states across `tp` GPUs."""
+AllreduceTable = tuple[tuple[int, tuple[tuple[int, float], ...]], ...]  # (GPUs, ((elements, microseconds), ...))
+
+
+def allreduce_seconds(tokens: int, hidden: int, tp: int, roof: Roofline, table: AllreduceTable = ()) -> float:
+    """One all-reduce of `tokens` bf16 hidden states across `tp` GPUs: from measured times by message size where
+    the table has this GPU count, else a latency plus the ring's 2(n-1)/n x payload over one link direction."""
     if tp <= 1:
         return 0.0
+    points = next((p for n, p in table if n == tp), None)
+    if points:
+        return _log_interpolate(points, max(tokens * hidden, 1)) * 1e-6
     payload = tokens * hidden * 2
     return roof.allreduce_latency_s + 2 * (tp - 1) / tp * payload / roof.link_bytes_s
+
+
+def _log_interpolate(points: tuple[tuple[int, float], ...], x: float) -> float:
+    """Through the points in log-log; flat below the first, proportional to x past the last."""
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1] * x / points[-1][0]
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x <= x1:
+            f = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(y0) + f * (math.log(y1) - math.log(y0)))
+    return points[-1][1]
 
 
 def draft_seconds(profile: Profile, precision: str, tp: int, k: int, roof: Roofline) -> float:
@@ -75,6 +97,8 @@ class Hardware:
     flops: float | None  # peak dense FLOP/s per GPU at the weights' precision
     allreduce_latency_s: float
     link_bytes_s: float  # one direction of the GPU-to-GPU link
+    allreduce_us: AllreduceTable = ()  # measured all-reduce times over this machine's links, when kiln has them
+    sparse_mla_min_heads: int = 0  # query heads a sparse-MLA decode kernel runs per GPU at least (padding)
 
 
 @dataclass(frozen=True)
@@ -123,19 +147,18 @@ class RooflineSteps:
         weights = self._weights_read(max(tokens, 1))
         # Decoding reads each sequence's cache once per step; a prefill chunk reads its own earlier cache.
         prefill_reads = step.prefill_context / max(step.prefill_tokens, 1) if step.prefill_tokens else 0.0
-        kv = (step.decode_context + prefill_reads) * self.kv_bytes_per_token_gpu
+        kv = self._kv_read(step.decode_seqs, step.decode_context) + prefill_reads * self.kv_bytes_per_token_gpu
         memory_s = (weights + kv) / roof.bandwidth_bytes_s
         compute_s = 0.0
         if roof.flops:
             expert = self._active_expert_params()
             dense = tokens * 2 * (arch.params_active - expert) / self.tp
             experts = tokens * 2 * expert / self.tp
-            width = arch.num_attention_heads * arch.head_dim
-            attention = 4 * arch.num_layers * width * (step.prefill_context + step.decode_context
-                                                       * step.tokens_per_seq) / self.tp
+            attention = self._attention_flops(step)
             moe_flops = roof.flops / self.efficiency.compute * self.efficiency.compute_moe
             compute_s = (dense + attention) / roof.flops + experts / moe_flops
-        comm_s = 2 * arch.num_layers * allreduce_seconds(tokens, arch.hidden_size, self.tp, roof)
+        comm_s = 2 * arch.num_layers * allreduce_seconds(tokens, arch.hidden_size, self.tp, roof,
+                                                         self.hardware.allreduce_us)
         if self.expert_parallel and arch.moe is not None:
             comm_s += self._all_to_all_seconds(tokens, roof)
         e = self.efficiency
@@ -146,6 +169,48 @@ class RooflineSteps:
             draft_s = draft_seconds(self.profile, self.precision, self.tp, self.draft_tokens, roof) + (
                 self.draft_tokens * self.efficiency.overhead_per_layer_s)
         return max(memory_s, compute_s) + comm_s + fixed + draft_s
+
+    def _attended(self, context_per_seq: float) -> float:
+        """Tokens one query attends to: all of its context, or the indexer's top-k under sparse attention."""
+        sparse = self.profile.architecture.sparse_attention
+        if sparse is not None and sparse.index_topk:
+            return min(context_per_seq, float(sparse.index_topk))
+        return context_per_seq
+
+    def _indexer_bytes_per_token(self) -> int:
+        sparse = self.profile.architecture.sparse_attention
+        return (sparse.index_head_dim + 4) * self.profile.architecture.num_layers if sparse is not None else 0
+
+    def _kv_read(self, seqs: int, context: float) -> float:
+        """Bytes of KV cache decoding reads: every cached token, or under sparse attention the top-k tokens' latents
+        plus every token's indexer key."""
+        if not seqs:
+            return 0.0
+        indexer = self._indexer_bytes_per_token()
+        per_seq = context / seqs
+        return seqs * self._attended(per_seq) * (self.kv_bytes_per_token_gpu - indexer) + context * indexer
+
+    def _attention_flops(self, step: Step) -> float:
+        """Attention FLOPs per GPU. Multi-head: 4 x heads x head_dim per attended token. MLA (absorbed, as vLLM
+        decodes it): 2 x heads x (2 x kv_lora_rank + rope dims), over the attended tokens; a sparse-MLA kernel runs
+        at least `sparse_mla_min_heads` heads per GPU, and the indexer scores every cached token."""
+        arch = self.profile.architecture
+        layers = arch.num_layers
+        decode_per_seq = step.decode_context / step.decode_seqs if step.decode_seqs else 0.0
+        queries_attended = (step.decode_seqs * step.tokens_per_seq * self._attended(decode_per_seq)
+                            + (self._attended(step.prefill_context / step.prefill_tokens) * step.prefill_tokens
+                               if step.prefill_tokens else 0.0))
+        if arch.mla is None:
+            return 4 * layers * arch.num_attention_heads * arch.head_dim * queries_attended / self.tp
+        heads = arch.num_attention_heads / self.tp
+        if arch.sparse_attention is not None and self.hardware.sparse_mla_min_heads:
+            heads = max(heads, float(self.hardware.sparse_mla_min_heads))
+        flops = 2 * layers * heads * (2 * arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim) * queries_attended
+        sparse = arch.sparse_attention
+        if sparse is not None:
+            scored = step.decode_context * step.tokens_per_seq + step.prefill_context
+            flops += 2 * layers * (sparse.index_n_heads or 64) * sparse.index_head_dim * scored / self.tp
+        return flops
 
     def _active_expert_params(self) -> float:
         """Parameters of the routed experts one token passes through."""
