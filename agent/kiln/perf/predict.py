@@ -66,7 +66,8 @@ def efficiency(c: Constants, device: str, architecture: str | None = None) -> Ef
     return Efficiency(memory=roof["memory_bandwidth_efficiency"], compute=compute,
                       compute_moe=roof.get("moe_compute_efficiency", roof["compute_efficiency"]),
                       step_overhead_s=roof["step_overhead_s"], overhead_per_layer_s=roof["overhead_per_layer_s"],
-                      overhead_per_seq_s=roof["overhead_per_seq_s"])
+                      overhead_per_seq_s=roof["overhead_per_seq_s"],
+                      overhead_per_rank_s=roof.get("overhead_per_rank_s", 0.0))
 
 
 def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Constants) -> Hardware:

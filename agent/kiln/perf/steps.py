@@ -111,6 +111,7 @@ class Efficiency:
     step_overhead_s: float  # scheduling, sampling, launches: what a step costs with no work in it
     overhead_per_layer_s: float  # kernel launches and small ops per decoder layer
     overhead_per_seq_s: float = 0.0  # per scheduled sequence: sampling, detokenizing, streaming its output
+    overhead_per_rank_s: float = 0.0  # per tensor-parallel rank beyond the first: one worker process per GPU
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ class RooflineSteps:
             comm_s += self._all_to_all_seconds(tokens, roof)
         e = self.efficiency
         fixed = e.step_overhead_s + e.overhead_per_layer_s * arch.num_layers + e.overhead_per_seq_s * (
-            step.decode_seqs + (1 if step.prefill_tokens else 0))
+            step.decode_seqs + (1 if step.prefill_tokens else 0)) + e.overhead_per_rank_s * (self.tp - 1)
         draft_s = 0.0
         if self.draft_tokens and step.tokens_per_seq > 1:
             draft_s = draft_seconds(self.profile, self.precision, self.tp, self.draft_tokens, roof) + (
