@@ -64,6 +64,12 @@ def _rank(errors: Errors, keep: list[bool]) -> tuple[float, float]:
     return sum(e <= WITHIN for e in kept) / len(kept), -statistics.median(kept)
 
 
+def best_point(matrix: list[Errors]) -> int:
+    """The grid point that fits all the cases best."""
+    everyone = [True] * len(matrix[0])
+    return max(range(len(matrix)), key=lambda i: _rank(matrix[i], everyone))
+
+
 def held_out(matrix: list[Errors], groups: list[str]) -> Errors:
     """Every case predicted by the grid point that fits best without the case's whole group."""
     out: Errors = [None] * len(groups)
@@ -86,7 +92,11 @@ def stats(errors: Errors) -> tuple[float, float, int]:
 def out_of_sample(kiln: Kiln, cases: list[dict[str, Any]], grid: list[dict[str, Any]]
                   ) -> dict[str, tuple[Errors, tuple[float, float, int]]]:
     """In-sample (the best grid point on all cases), leave-one-source-out and leave-one-family-out errors."""
-    matrix = error_matrix(kiln, cases, grid)
+    return out_of_sample_from(error_matrix(kiln, cases, grid), cases)
+
+
+def out_of_sample_from(matrix: list[Errors], cases: list[dict[str, Any]]
+                       ) -> dict[str, tuple[Errors, tuple[float, float, int]]]:
     sources = [str(c.get("source_group") or c["source"]) for c in cases]
     families = [family(c["model"]) for c in cases]
     everyone = held_out(matrix, ["all"] * len(cases))
