@@ -99,7 +99,7 @@ def out_of_sample_from(matrix: list[Errors], cases: list[dict[str, Any]]
                        ) -> dict[str, tuple[Errors, tuple[float, float, int]]]:
     sources = [str(c.get("source_group") or c["source"]) for c in cases]
     families = [family(c["model"]) for c in cases]
-    everyone = held_out(matrix, ["all"] * len(cases))
+    everyone = matrix[best_point(matrix)]
     loso, lofo = held_out(matrix, sources), held_out(matrix, families)
     return {name: (errs, stats(errs)) for name, errs in
             (("in-sample", everyone), ("leave-one-source-out", loso), ("leave-one-family-out", lofo))}

@@ -326,7 +326,7 @@ def out_of_sample_report() -> int:
     classes = [case_class(kiln, c) for c in cases]
     print("\nbands (data/planner.yaml `bands: classes:`), from the leave-one-source-out errors:")
     for key, band in bands(classes, results["leave-one-source-out"][0]).items():
-        print(f"    {key}: {{low: {band['low']}, high: {band['high']}, cases: {band['cases']}}}")
+        print(f"    \"{key}\": {{low: {band['low']}, high: {band['high']}, cases: {band['cases']}}}")
     return 0
 
 
