@@ -190,7 +190,15 @@ def _unfit_lines(machine: Machine, profile: Profile, choice: Choice, found: Choo
     if not unfit:
         return []
     listed = ", ".join(f"TP{t}" for t in unfit)
-    return [f"{plan.quantization}: {listed} {'does' if len(unfit) == 1 else 'do'} not fit in memory."]
+    return [f"{plan.quantization}: {listed}, each holding a whole copy of the model, "
+            f"{'does' if len(unfit) == 1 else 'do'} not fit in memory."]
+
+
+def _layout(plan: Plan) -> tuple[object, ...]:
+    """What a close call is between: precision, split and drafts on or off (not draft lengths or batch limits)."""
+    e = plan.engine
+    return (plan.quantization, e.tensor_parallel_size, e.data_parallel_size, len(plan.instances),
+            bool(e.speculative_config))
 
 
 def _close_calls(chosen: Plan, others: Sequence[Option], workload: Workload) -> list[str]:
@@ -199,7 +207,7 @@ def _close_calls(chosen: Plan, others: Sequence[Option], workload: Workload) -> 
     if band is None:
         return []
     close = [o for o in others if o.forecast.meets(workload) and band.low <= o.forecast.output_tokens_per_s
-             <= band.high and o.plan.engine != chosen.engine]
+             <= band.high and _layout(o.plan) != _layout(chosen)]
     if not close:
         return []
     o = max(close, key=lambda x: x.forecast.output_tokens_per_s)
