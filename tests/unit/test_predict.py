@@ -155,3 +155,16 @@ def test_plan_for_a_workload_lists_what_it_beat_and_draws_them(tmp_path: Path) -
                                        "enable_expert_parallel": "--enable-expert-parallel" in
                                        out["instances"][0]["argv"]}])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_boot_plan_and_status_carry_the_engines_figures_and_band(kiln: Kiln) -> None:
+    """The default boot plan is the engine's, for the named default workload, with its band, as /status shows."""
+    decision = decide(kiln, "h100x8", ResolvedChoice(Choice(profile="llama-3.3-70b-instruct"), {}), Runtime())
+    assert decision.plan is not None
+    report = decision.plan_report()
+    assert report is not None
+    assert report["workload"]["preset"] == DEFAULT_PRESET
+    predicted = report["predicted"]
+    assert predicted["engine"] == "kiln" and predicted["output_tokens_per_s"] > 0
+    band = predicted["band"]
+    assert band is not None and band["low"] < band["high"] and band["source"]
