@@ -52,7 +52,7 @@ from tests.netns import Pair, in_namespace, namespace_pids, two_namespaces
 import kiln
 from kiln.choice.schema import Choice
 from kiln.cli.output import table
-from kiln.planner.plan import make_plan
+from kiln.planner.search import make_plan
 from kiln.planner.types import Plan
 from kiln.render.cluster import Node, node_argv, node_env
 from kiln.render.vllm import Runtime, vllm_args

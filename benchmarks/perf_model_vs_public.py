@@ -5,7 +5,6 @@ The cases (tests/data/perf_cases.yaml) are published `vllm bench serve` runs, ea
 For every usable case it prints the measured output tokens/s beside:
 - kiln: the continuous-batching simulator with kiln's calibrated step times (what `kiln predict` answers);
 - aic: AIConfigurator alone (its static-batch estimate at the case's batch), where it has the GPU and model;
-- roofline: the planner's former formula (one decode step at a typical batch, efficiencies 0.75/0.5).
 Then, per engine, the share of cases within ±25% and the median absolute error.
 """
 
@@ -28,8 +27,7 @@ from kiln import datafiles
 from kiln.perf.predict import Forecast, forecast, kiln_steps
 from kiln.perf.setup import Fixed, fixed_plan, machine_of
 from kiln.perf.workload import Workload
-from kiln.planner import capacity as cap
-from kiln.planner.types import Constants, Plan
+from kiln.planner.types import Plan
 from kiln.profiles.schema import Profile
 from kiln.wiring import Kiln
 
@@ -54,7 +52,6 @@ class Row:
     kiln: float | None = None
     kiln_tpot_ms: float | None = None
     aic: float | None = None
-    roofline: float | None = None
     problem: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -138,22 +135,6 @@ def workload_of(case: dict[str, Any]) -> Workload:
                     request_rate=math.inf if rate in (None, "inf") else float(rate), num_prompts=prompts)
 
 
-def former_roofline(plan: Plan, profile: Profile, machine: Any, workload: Workload, c: Constants) -> float:
-    """The planner's former throughput formula: instances x batch / one step at the typical context."""
-    steps = kiln_steps(plan, machine, profile, c)
-    hw = steps.hardware  # type: ignore[attr-defined]
-    roof = cap.Roofline(hw.bandwidth_bytes_s * 0.75, hw.flops * 0.5 if hw.flops else None, hw.allreduce_latency_s,
-                        hw.link_bytes_s)
-    per_instance = max(1, -(-(workload.concurrency or workload.num_prompts) // len(plan.instances)))
-    batch = max(1, min(per_instance, plan.engine.max_num_seqs,
-                       plan.predicted.kv_cache_tokens_per_instance // (workload.input_len + workload.output_len)))
-    step = cap.decode_step_seconds(profile, plan.quantization, plan.tensor_parallel_size, batch,
-                                   workload.input_len + workload.output_len // 2,
-                                   plan.predicted.kv_bytes_per_token_per_gpu, roof,
-                                   prefill_per_seq=workload.input_len / workload.output_len)
-    return len(plan.instances) * batch / step
-
-
 def load_cases(path: Path = CASES) -> list[dict[str, Any]]:
     return [c for c in yaml.safe_load(path.read_text())["cases"] if c.get("usable")]
 
@@ -208,9 +189,6 @@ def evaluate(kiln: Kiln, case: dict[str, Any]) -> Row:
     row.kiln = result.output_tokens_per_s if metric == "output" else result.total_tokens_per_s
     row.kiln_tpot_ms = result.tpot_ms["p50"]
     row.notes = list(result.notes)
-    former = former_roofline(plan, profile, machine, workload, kiln.constants)
-    row.roofline = former if metric == "output" else former * (workload.input_len + workload.output_len) / (
-        workload.output_len)
     return row
 
 
@@ -237,14 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--no-aiconfigurator", action="store_true", help="skip AIConfigurator's column")
+    parser.add_argument("--out-of-sample", action="store_true",
+                        help="refit the constants without each source and each model family, predict the held-out "
+                             "cases, and print the bands (data/planner.yaml `bands`) their errors give")
     args = parser.parse_args(argv)
+    if args.out_of_sample:
+        return out_of_sample_report()
     kiln = Kiln.create()
     cases = load_cases()
     rows = [evaluate(kiln, c) for c in cases]
     if not args.no_aiconfigurator:
         from benchmarks.aic_alone import fill_aic  # noqa: PLC0415 - only when AIConfigurator is asked for
         fill_aic(kiln, cases, rows)
-    engines = [summary(rows, e) for e in ("kiln", "aic", "roofline")]
+    engines = [summary(rows, e) for e in ("kiln", "aic")]
     covered = [r for r in rows if r.aic is not None]
     both = [summary(covered, e) for e in ("kiln", "aic")]
     timings = planner_timings(kiln)
@@ -253,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                           "planner_s": timings}, indent=2))
         return 0
     header = f"{'case':9} {'gpu':6} {'model':24} {'setup':22} {'workload':26} {'measured':>13}  " \
-             f"{'kiln':>16} {'aic':>16} {'roofline':>16}"
+             f"{'kiln':>16} {'aic':>16}"
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -261,8 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r.id:9} {r.gpu:6} {r.model[:24]:24} not modeled: {r.problem}")
             continue
         print(f"{r.id:9} {r.gpu:6} {r.model[:24]:24} {r.setup[:22]:22} {r.workload[:26]:26} "
-              f"{r.metric[:3]} {r.measured or 0:>9,.0f}  {_fmt(r.kiln, r.measured):>16} {_fmt(r.aic, r.measured):>16} "
-              f"{_fmt(r.roofline, r.measured):>16}")
+              f"{r.metric[:3]} {r.measured or 0:>9,.0f}  {_fmt(r.kiln, r.measured):>16} {_fmt(r.aic, r.measured):>16}")
     print()
     by_gpu = Counter(r.gpu for r in rows if not r.problem)
     print("cases per GPU: " + ", ".join(f"{g} {n}" for g, n in sorted(by_gpu.items())))
@@ -296,6 +278,57 @@ def planner_timings(kiln: Kiln) -> dict[str, float]:
                lambda p: kiln_steps(p, machine, profile, kiln.constants))
         out[f"llama-3.3-70b-instruct on h100x8, {name}"] = time.perf_counter() - started
     return out
+
+
+def case_class(kiln: Kiln, case: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(GPU generation, dense or moe, load regime) of a case, as kiln.planner.bands names a prediction's class."""
+    from kiln.planner.bands import regime  # noqa: PLC0415
+
+    profile, spec = _profile(kiln, case), kiln.gpus.specs.get(case["gpu"])
+    if isinstance(profile, str) or spec is None:
+        return None
+    w = case["workload"]
+    replicas = int(case.get("instances") or 1) * int(case.get("dp") or 1)
+    load = int(w.get("concurrency") or w.get("num_prompts") or 1000) / replicas
+    return spec.architecture.value, "moe" if profile.architecture.moe else "dense", regime(load)
+
+
+def bands(classes: list[tuple[str, str, str] | None], errors: list[float | None]) -> dict[str, dict[str, Any]]:
+    """Per class (and coarser), the 10th and 90th percentile of measured / predicted over the held-out cases."""
+    from kiln.planner.bands import class_keys  # noqa: PLC0415
+
+    ratios: dict[str, list[float]] = {}
+    for cls, err in zip(classes, errors, strict=True):
+        if cls is None or err is None:
+            continue
+        for key in class_keys(*cls):
+            ratios.setdefault(key, []).append(1 / (1 + err))
+    out = {}
+    for key, values in sorted(ratios.items()):
+        ordered = sorted(values)
+        q = statistics.quantiles(ordered, n=10, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 9
+        out[key] = {"low": round(q[0], 2), "high": round(q[-1], 2), "cases": len(ordered)}
+    return out
+
+
+def out_of_sample_report() -> int:
+    from benchmarks.perf_fit import best_point, combos, error_matrix, out_of_sample_from  # noqa: PLC0415
+
+    kiln = Kiln.create()
+    cases = [{**c, "workload": lengths(c)} for c in load_cases()]
+    grid = combos()
+    matrix = error_matrix(kiln, cases, grid)
+    results = out_of_sample_from(matrix, cases)
+    print(f"{len(cases)} public cases; grid of {len(grid)} constant sets (benchmarks.perf_fit.GRID); the best on "
+          f"all cases: {grid[best_point(matrix)]}")
+    for name, (_, (within, median, n)) in results.items():
+        print(f"{name:22} {n:3} cases: {within:.0%} within ±25%, median |error| {median:.0%}")
+    classes = [case_class(kiln, c) for c in cases]
+    print("\nbands (data/planner.yaml `bands: classes:`), from the leave-one-source-out errors:")
+    for key, band in bands(classes, results["leave-one-source-out"][0]).items():
+        print(f"    \"{key}\": {{low: {band['low']}, high: {band['high']}, cases: {band['cases']}}}")
+    return 0
+
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from kiln.choice.schema import Choice
-from kiln.planner.plan import make_plan
+from kiln.planner.search import make_plan
 from kiln.planner.types import Plan
 from kiln.render.vllm import MODULE_VLLM, Runtime, render_instances
 from kiln.tinymodel import make_tiny_model

@@ -47,7 +47,7 @@ def test_plan_json_contract() -> None:
     for key in ("gpus", "tensor_parallel_size", "port", "argv", "env"):
         assert key in data["instances"][0]
     for key in ("weight_bytes_per_gpu", "kv_bytes_per_token", "kv_cache_tokens_per_instance",
-                "max_concurrency_per_instance", "decode_tokens_per_s_per_seq", "output_tokens_per_s"):
+                "max_concurrency_per_instance", "tokens_per_s_per_user", "output_tokens_per_s", "band"):
         assert key in data["predicted"]
     assert isinstance(data["explanation"], str) and data["explanation"]
 

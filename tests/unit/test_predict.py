@@ -15,9 +15,9 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice, validate_fields
 from kiln.perf.predict import forecast, kiln_steps
 from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, WorkloadSpec, resolve
-from kiln.planner.plan import make_plan
+from kiln.planner.plan import fit_plans
 from kiln.planner.search import OUTPUT_TIE, Choosing, choose
-from kiln.planner.types import Plan, Refusal
+from kiln.planner.types import Refusal
 from kiln.render.vllm import Runtime
 from kiln.serve.decide import decide
 from kiln.wiring import Kiln
@@ -27,13 +27,14 @@ CONTRACT = {"output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "toke
             "tpot_ms", "itl_ms", "engine", "notes"}
 
 
-def test_the_default_workload_is_the_planners_former_request_shape(kiln: Kiln) -> None:
+def test_the_default_workload_keeps_each_user_above_a_speed_floor(kiln: Kiln) -> None:
     default = resolve(None)
-    assert DEFAULT_PRESET == "batch" and default.preset == "batch"
+    assert DEFAULT_PRESET == "serve" and default.preset == "serve"
     planning = kiln.constants.get("planning")
     assert (default.input_len, default.output_len) == (planning["typical_prompt_tokens"],
                                                        planning["typical_output_tokens"])
-    assert default.request_rate == math.inf and not default.has_budget
+    assert default.request_rate == math.inf and default.tpot_budget_ms is not None
+    assert 40 <= default.tpot_budget_ms <= 200  # inside MLPerf's server-scenario TPOT bounds
     assert all(p.why for p in PRESETS.values())
 
 
@@ -89,8 +90,9 @@ def test_speculative_decodings_gain_shrinks_as_the_batch_fills(kiln: Kiln) -> No
     machine, profile = kiln.machine("h100x8"), kiln.profile("llama-3.3-70b-instruct", None)
 
     def output(spec: bool, concurrency: int) -> float:
-        plan = make_plan(machine, profile, Choice(tensor_parallel_size=2, speculative_decoding=spec), kiln.constants)
-        assert isinstance(plan, Plan)
+        fitted = fit_plans(machine, profile, Choice(tensor_parallel_size=2, speculative_decoding=spec), kiln.constants)
+        assert not isinstance(fitted, Refusal)
+        plan = fitted[0]  # the memory fit alone: the profile's draft length and the full batch limit
         work = Workload(1024, 512, concurrency=concurrency, num_prompts=4 * concurrency)
         return forecast(plan, work, kiln_steps(plan, machine, profile, kiln.constants), kiln.constants
                         ).output_tokens_per_s
@@ -153,3 +155,16 @@ def test_plan_for_a_workload_lists_what_it_beat_and_draws_them(tmp_path: Path) -
                                        "enable_expert_parallel": "--enable-expert-parallel" in
                                        out["instances"][0]["argv"]}])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_boot_plan_and_status_carry_the_engines_figures_and_band(kiln: Kiln) -> None:
+    """The default boot plan is the engine's, for the named default workload, with its band, as /status shows."""
+    decision = decide(kiln, "h100x8", ResolvedChoice(Choice(profile="llama-3.3-70b-instruct"), {}), Runtime())
+    assert decision.plan is not None
+    report = decision.plan_report()
+    assert report is not None
+    assert report["workload"]["preset"] == DEFAULT_PRESET
+    predicted = report["predicted"]
+    assert predicted["engine"] == "kiln" and predicted["output_tokens_per_s"] > 0
+    band = predicted["band"]
+    assert band is not None and band["low"] < band["high"] and band["source"]

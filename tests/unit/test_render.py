@@ -14,7 +14,7 @@ from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from kiln.choice.schema import Choice
-from kiln.planner.plan import make_plan
+from kiln.planner.search import make_plan
 from kiln.planner.types import Plan
 from kiln.render.systemd import dropin_path, instance_dropin, instance_unit_name, quote
 from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime, image_vllm_command, render_instances, vllm_python

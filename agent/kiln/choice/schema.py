@@ -178,7 +178,7 @@ HINTS: dict[str, str] = {
     "tls": "off, self-signed, {certificate: PEM, private_key: PEM} or {domain: NAME, email: ADDRESS}",
     "data_parallel_size": "a number of data-parallel engine ranks in one server, e.g. 8",
     "expert_parallel": "true or false (MoE models: spread the experts over every GPU of the server)",
-    "workload": "a preset (batch, chat, rag, agent) and/or {input_len, output_len, concurrency or request_rate, "
+    "workload": "a preset (serve, batch, chat, rag, agent) and/or {input_len, output_len, concurrency or request_rate, "
                 "ttft_ms, tpot_ms}, e.g. `workload: {preset: chat, concurrency: 32}`",
     "cluster": "{name: NAME, nodes: N} on every node (peers found by the tag kiln-cluster:NAME with do_token), "
                "or {name: NAME, nodes: N, head: HEAD_PRIVATE_IP, rank: R}",

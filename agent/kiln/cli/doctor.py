@@ -16,7 +16,7 @@ from kiln.doctor.report import Report
 from kiln.doctor.startup_oom import check_start_oom
 from kiln.hardware.fixtures import fixture_names
 from kiln.hardware.model import Machine
-from kiln.planner.plan import make_plan
+from kiln.planner.search import make_plan
 from kiln.planner.types import Plan
 from kiln.render.vllm import find_vllm_python
 from kiln.serve.caches import place_caches

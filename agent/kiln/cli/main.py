@@ -23,8 +23,7 @@ from kiln.cli.output import print_json, table
 from kiln.cli.views import machine_dict, machine_text, plan_text, profile_row
 from kiln.errors import KilnError
 from kiln.hardware.fixtures import fixture_names
-from kiln.planner.plan import make_plan
-from kiln.planner.search import Choosing, choose
+from kiln.planner.search import Choosing, choose, make_plan, plan_of
 from kiln.planner.types import Plan, Refusal
 from kiln.profiles.catalog import find_profile_dir, validate_paths
 from kiln.render.systemd import instance_dropin
@@ -163,10 +162,12 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
         workload = planargs.workload_from(args)
         found = choose(machine, profile, choice, workload, kiln.constants,
                        predict.steps_for(kiln, args.engine, machine, profile), alternatives)
-        plan: Plan | Refusal = found.chosen.plan if isinstance(found, Choosing) else found
+        plan: Plan | Refusal = plan_of(machine, profile, choice, found, workload, kiln.constants) if isinstance(
+            found, Choosing) else found
         choosing = found if isinstance(found, Choosing) else None
     else:
-        plan = make_plan(machine, profile, choice, kiln.constants, alternatives)
+        plan = make_plan(machine, profile, choice, kiln.constants, alternatives,
+                         steps_for=predict.steps_for(kiln, args.engine, machine, profile))
     if isinstance(plan, Refusal):
         return planargs.refused(args, plan)
     runtime = planargs.runtime_for(args)
@@ -179,15 +180,12 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
     elif args.json:
         data = plan_document(plan, rendered, machine.gpu_count)
         if choosing is not None:
-            data["workload"] = planargs.workload_from(args).as_dict()
             data["predicted_for_workload"] = choosing.chosen.forecast.as_dict()
             data["alternatives"] = [predict.option_dict(o) for o in choosing.alternatives]
             data["workload_explanation"] = list(choosing.explanation)
         print_json(data)
     else:
         print(plan_text(plan, rendered))
-        if choosing is not None:
-            print("\nFor the workload\n" + "\n".join(f"  - {line}" for line in choosing.explanation))
     return 0
 
 

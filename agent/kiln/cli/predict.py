@@ -16,12 +16,14 @@ from kiln.perf.engines import engine_for
 from kiln.perf.predict import Forecast, forecast
 from kiln.perf.steps import StepModel
 from kiln.perf.workload import Workload
+from kiln.planner.bands import band_for
 from kiln.planner.explain import Option
-from kiln.planner.plan import make_plan
-from kiln.planner.search import Choosing
+from kiln.planner.search import Choosing, choose, make_plan
 from kiln.planner.types import Plan, Refusal
 from kiln.profiles.schema import Profile
 from kiln.wiring import Kiln
+
+MAX_DRAFTS = 16  # drafted tokens per step kiln predicts for
 
 
 def add_parsers(sub: Any) -> None:
@@ -30,6 +32,7 @@ def add_parsers(sub: Any) -> None:
     planargs.add_setting_options(p)
     p.add_argument("--max-num-seqs", type=int, help="vLLM's batch limit, instead of the plan's")
     p.add_argument("--max-num-batched-tokens", type=int, help="vLLM's token budget per step, instead of the plan's")
+    p.add_argument("--num-speculative-tokens", type=int, help="drafted tokens per step (with --speculative on)")
     p.add_argument("--engine", choices=["auto", "kiln", "aiconfigurator"], default="auto",
                    help="whose step times: AIConfigurator's measured kernels where it covers the GPU, else kiln's")
     planargs.add_workload_options(p)
@@ -38,6 +41,17 @@ def add_parsers(sub: Any) -> None:
 
 def _with_limits(plan: Plan, args: argparse.Namespace) -> Plan:
     engine = plan.engine
+    if args.num_speculative_tokens is not None:
+        if not engine.speculative_config:
+            raise KilnError("--num-speculative-tokens needs speculative decoding",
+                            fix="add --speculative on (the profile must have a draft model, EAGLE head or MTP)")
+        if not 1 <= args.num_speculative_tokens <= MAX_DRAFTS:
+            raise KilnError(f"--num-speculative-tokens must be 1 to {MAX_DRAFTS}", fix="e.g. 2")
+        engine = dataclasses.replace(engine, speculative_config={
+            **engine.speculative_config, "num_speculative_tokens": args.num_speculative_tokens})
+    for flag in ("max_num_seqs", "max_num_batched_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise KilnError(f"--{flag.replace('_', '-')} must be at least 1", fix="e.g. 256")
     if args.max_num_seqs:
         engine = dataclasses.replace(engine, max_num_seqs=args.max_num_seqs,
                                      max_num_batched_tokens=max(engine.max_num_batched_tokens, args.max_num_seqs))
@@ -124,17 +138,29 @@ def forecast_text(plan: Plan, workload: Workload, f: Forecast) -> str:
 
 
 def cmd_predict(kiln: Kiln, args: argparse.Namespace) -> int:
+    """The setup the settings fix (what they leave open, kiln's search fills in for this workload, as a plan
+    would), predicted for the workload."""
     machine = kiln.machine(args.machine)
     profile = kiln.profile(args.profile, args.model)
     workload = planargs.workload_from(args)
-    plan = make_plan(machine, profile, planargs.plan_choice(args), kiln.constants)
-    if isinstance(plan, Refusal):
-        return planargs.refused(args, plan, "predict")
-    plan = _with_limits(plan, args)
+    choice = planargs.plan_choice(args)
+    ours = steps_for(kiln, "kiln", machine, profile)
+    if profile.cpu_only:
+        made = make_plan(machine, profile, choice, kiln.constants, workload=workload)
+        found: Plan | Refusal = made
+    else:
+        chosen = choose(machine, profile, choice, workload, kiln.constants, ours, closest=True)
+        found = chosen.chosen.plan if isinstance(chosen, Choosing) else chosen
+    if isinstance(found, Refusal):
+        return planargs.refused(args, found, "predict")
+    plan = _with_limits(found, args)
     steps = steps_for(kiln, args.engine, machine, profile)(plan)
     result = forecast(plan, workload, steps, kiln.constants)
+    arch = machine.gpus[0].architecture.value if machine.gpus else "cpu"
+    band = band_for(plan, profile, workload, result.output_tokens_per_s, kiln.constants, arch)
     if args.json:
-        print_json({**result.as_dict(), "workload": workload.as_dict(), "setup": {
+        print_json({**result.as_dict(), "band": band.as_dict() if band else None, "workload": workload.as_dict(),
+                    "setup": {
             "machine": plan.machine, "profile": plan.profile, "instances": len(plan.instances),
             "tensor_parallel_size": plan.tensor_parallel_size, "quantization": plan.quantization,
             "data_parallel_size": plan.engine.data_parallel_size,
@@ -144,4 +170,6 @@ def cmd_predict(kiln: Kiln, args: argparse.Namespace) -> int:
             "max_model_len": plan.engine.max_model_len}, "meets_budget": result.meets(workload)})
     else:
         print(forecast_text(plan, workload, result))
+        if band:
+            print(f"likely output tok/s: {band.low:,.0f} to {band.high:,.0f} ({band.source})")
     return 0

@@ -72,6 +72,22 @@ def machine_text(m: Machine) -> str:
     return "\n\n".join(parts)
 
 
+def engine_rows(plan: Plan) -> list[list[str]]:
+    """The engine's figures for the plan's workload, with the band its out-of-sample error gives."""
+    p = plan.predicted
+    if p.output_tokens_per_s is None:
+        return [["output tok/s", "not predicted"]]
+    band = f" (likely {p.band.low:,.0f} to {p.band.high:,.0f})" if p.band else ""
+    rows = [["output tok/s (all instances)", f"{p.output_tokens_per_s:,.0f}{band}"]]
+    if p.tokens_per_s_per_user is not None:
+        rows.append(["tok/s per user (p50)", f"{p.tokens_per_s_per_user:,.1f}"])
+    if p.ttft_ms_p90 is not None and p.tpot_ms_p90 is not None:
+        rows.append(["TTFT / TPOT p90 ms", f"{p.ttft_ms_p90:,.0f} / {p.tpot_ms_p90:,.1f}"])
+    if plan.workload:
+        rows.append(["for the workload", str(plan.workload.get("description") or plan.workload.get("preset"))])
+    return rows
+
+
 def plan_text(plan: Plan, rendered: list[RenderedInstance]) -> str:
     p = plan.predicted
     e = plan.engine
@@ -89,8 +105,7 @@ def plan_text(plan: Plan, rendered: list[RenderedInstance]) -> str:
         ["KV cache per GPU", gib(p.kv_cache_bytes_per_gpu)],
         ["KV cache tokens per instance", f"{p.kv_cache_tokens_per_instance:,}"],
         ["max concurrency at full context", f"{p.max_concurrency_per_instance:.2f}"],
-        ["decode tok/s per sequence", f"{p.decode_tokens_per_s_per_seq:,.1f}"],
-        ["output tok/s (all instances)", f"{p.output_tokens_per_s:,.0f}"],
+        *engine_rows(plan),
     ])
     why = "\n".join(f"  - {line}" for line in plan.explanation)
     commands = "\n".join(f"  {r.name}: " + shlex.join(r.argv) for r in rendered)

@@ -12,9 +12,8 @@ from typing import Any
 
 from kiln.hardware.model import Machine
 from kiln.perf.simulate import Drafting, Limits, Load, Outcome, percentile, poisson_arrivals, simulate
-from kiln.perf.steps import Efficiency, Hardware, RooflineSteps, StepModel
+from kiln.perf.steps import Efficiency, Hardware, RooflineSteps, StepModel, speculative_tokens_per_step
 from kiln.perf.workload import Workload
-from kiln.planner import capacity as cap
 from kiln.planner.types import Constants, Plan
 from kiln.profiles.schema import Profile
 
@@ -67,7 +66,8 @@ def efficiency(c: Constants, device: str, architecture: str | None = None) -> Ef
     return Efficiency(memory=roof["memory_bandwidth_efficiency"], compute=compute,
                       compute_moe=roof.get("moe_compute_efficiency", roof["compute_efficiency"]),
                       step_overhead_s=roof["step_overhead_s"], overhead_per_layer_s=roof["overhead_per_layer_s"],
-                      overhead_per_seq_s=roof["overhead_per_seq_s"])
+                      overhead_per_seq_s=roof["overhead_per_seq_s"],
+                      overhead_per_rank_s=roof.get("overhead_per_rank_s", 0.0))
 
 
 def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Constants) -> Hardware:
@@ -82,8 +82,11 @@ def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Const
     nvlink = machine.gpu_count > 1 and all(machine.linked(0, j) for j in range(machine.gpu_count))
     link = "nvlink" if nvlink else "pcie"
     link_gb_s = spec.nvlink_gb_s / 2 if nvlink and spec.nvlink_gb_s else c.get("roofline", "pcie_gb_s")
+    tables = c.get("roofline").get("allreduce_us_nvlink", {}).get(spec.architecture.value, {}) if nvlink else {}
+    table = tuple((int(n), tuple((int(x), float(y)) for x, y in points)) for n, points in tables.items())
     return Hardware(spec.memory_bandwidth_gb_s * 1e9, tflops * 1e12 if tflops else None,
-                    c.get("roofline", "allreduce_latency_s", link) if tp > 1 else 0.0, link_gb_s * 1e9)
+                    c.get("roofline", "allreduce_latency_s", link) if tp > 1 else 0.0, link_gb_s * 1e9,
+                    allreduce_us=table, sparse_mla_min_heads=int(c.get("roofline").get("sparse_mla_min_heads", 0)))
 
 
 def drafting(plan: Plan, c: Constants) -> Drafting | None:
@@ -92,7 +95,7 @@ def drafting(plan: Plan, c: Constants) -> Drafting | None:
         return None
     k = int(spec["num_speculative_tokens"])
     acceptance = c.get("roofline", "acceptance_rate").get(spec["method"], 0.5)
-    return Drafting(k, cap.speculative_tokens_per_step(acceptance, k))
+    return Drafting(k, speculative_tokens_per_step(acceptance, k))
 
 
 def kiln_steps(plan: Plan, machine: Machine, profile: Profile, c: Constants) -> StepModel:
@@ -171,10 +174,12 @@ def forecast(plan: Plan, workload: Workload, steps: StepModel, c: Constants, emi
     if draft and emitted:
         draft = Drafting(draft.tokens, float(emitted))
     lim = limits(plan)
-    cache: dict[tuple[int | None, int, int], Outcome] = {}
+    cache: dict[tuple[int | None, int, tuple[float, ...]], Outcome] = {}
     outcomes = []
     for load in per_instance:
-        key = (load.concurrency, load.num_prompts, len(load.arrivals)) if load.concurrency else None
+        # Instances sent the same requests at the same times serve them alike: simulate one of them.
+        key = (load.concurrency, load.num_prompts, load.arrivals) if load.concurrency or not any(
+            load.arrivals) else None
         if key is not None and key in cache:
             outcomes.append(cache[key])
             continue

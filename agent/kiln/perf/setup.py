@@ -64,8 +64,7 @@ def fixed_plan(machine: Machine, profile: Profile, s: Fixed, c: Constants) -> Pl
         weight_bytes_per_gpu=found.weight_bytes_per_gpu, kv_bytes_per_token=found.layout.bytes_per_token_instance,
         kv_bytes_per_token_per_gpu=found.layout.bytes_per_token_per_gpu,
         kv_cache_bytes_per_gpu=found.kv_cache_bytes_per_gpu, kv_cache_tokens_per_instance=found.tokens,
-        max_concurrency_per_instance=found.concurrency, decode_tokens_per_s_per_seq=0.0, batch_per_instance=0,
-        output_tokens_per_s=0.0)
+        max_concurrency_per_instance=found.concurrency)
     return Plan(machine=machine.name, profile=profile.name, objective="throughput", quantization=s.precision,
                 kv_cache_dtype=s.kv_cache_dtype, engine=engine, instances=instances, predicted=predicted,
                 explanation=())

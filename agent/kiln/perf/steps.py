@@ -7,11 +7,64 @@ decoding sequence, plus the prompt chunks chunked prefill mixes in.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
 from kiln.planner import capacity as cap
 from kiln.profiles.schema import Profile
+
+
+@dataclass(frozen=True)
+class Roofline:
+    bandwidth_bytes_s: float  # achievable memory bandwidth, per GPU
+    flops: float | None  # achievable dense FLOP/s per GPU at the weight precision
+    allreduce_latency_s: float  # one small all-reduce
+    link_bytes_s: float  # one direction of the GPU-to-GPU link, per GPU
+
+
+AllreduceTable = tuple[tuple[int, tuple[tuple[int, float], ...]], ...]  # (GPUs, ((elements, microseconds), ...))
+
+
+def allreduce_seconds(tokens: int, hidden: int, tp: int, roof: Roofline, table: AllreduceTable = ()) -> float:
+    """One all-reduce of `tokens` bf16 hidden states across `tp` GPUs: from measured times by message size where
+    the table has this GPU count, else a latency plus the ring's 2(n-1)/n x payload over one link direction."""
+    if tp <= 1:
+        return 0.0
+    points = next((p for n, p in table if n == tp), None)
+    if points:
+        return _log_interpolate(points, max(tokens * hidden, 1)) * 1e-6
+    payload = tokens * hidden * 2
+    return roof.allreduce_latency_s + 2 * (tp - 1) / tp * payload / roof.link_bytes_s
+
+
+def _log_interpolate(points: tuple[tuple[int, float], ...], x: float) -> float:
+    """Through the points in log-log; flat below the first, proportional to x past the last."""
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1] * x / points[-1][0]
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x <= x1:
+            f = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(y0) + f * (math.log(y1) - math.log(y0)))
+    return points[-1][1]
+
+
+def draft_seconds(profile: Profile, precision: str, tp: int, k: int, roof: Roofline) -> float:
+    """k draft passes of an EAGLE/MTP head: about one decoder layer plus the LM head, memory-bound."""
+    arch = profile.architecture
+    one_layer = cap.active_weight_bytes(profile, precision, 1) / arch.num_layers
+    lm_head = arch.vocab_size * arch.hidden_size * 2
+    return k * (one_layer + lm_head) / tp / roof.bandwidth_bytes_s
+
+
+def speculative_tokens_per_step(acceptance: float, k: int) -> float:
+    """Expected tokens emitted per verification step with k drafted tokens (geometric acceptance)."""
+    if acceptance >= 1:
+        return float(k + 1)
+    return (1 - acceptance ** (k + 1)) / (1 - acceptance)
 
 
 @dataclass(frozen=True)
@@ -44,6 +97,8 @@ class Hardware:
     flops: float | None  # peak dense FLOP/s per GPU at the weights' precision
     allreduce_latency_s: float
     link_bytes_s: float  # one direction of the GPU-to-GPU link
+    allreduce_us: AllreduceTable = ()  # measured all-reduce times over this machine's links, when kiln has them
+    sparse_mla_min_heads: int = 0  # query heads a sparse-MLA decode kernel runs per GPU at least (padding)
 
 
 @dataclass(frozen=True)
@@ -56,6 +111,7 @@ class Efficiency:
     step_overhead_s: float  # scheduling, sampling, launches: what a step costs with no work in it
     overhead_per_layer_s: float  # kernel launches and small ops per decoder layer
     overhead_per_seq_s: float = 0.0  # per scheduled sequence: sampling, detokenizing, streaming its output
+    overhead_per_rank_s: float = 0.0  # per tensor-parallel rank beyond the first: one worker process per GPU
 
 
 @dataclass(frozen=True)
@@ -81,9 +137,9 @@ class RooflineSteps:
     def name(self) -> str:
         return self.label
 
-    def _roof(self) -> cap.Roofline:
+    def _roof(self) -> Roofline:
         h, e = self.hardware, self.efficiency
-        return cap.Roofline(h.bandwidth_bytes_s * e.memory, h.flops * e.compute if h.flops else None,
+        return Roofline(h.bandwidth_bytes_s * e.memory, h.flops * e.compute if h.flops else None,
                             h.allreduce_latency_s, h.link_bytes_s)
 
     def seconds(self, step: Step) -> float:
@@ -92,29 +148,70 @@ class RooflineSteps:
         weights = self._weights_read(max(tokens, 1))
         # Decoding reads each sequence's cache once per step; a prefill chunk reads its own earlier cache.
         prefill_reads = step.prefill_context / max(step.prefill_tokens, 1) if step.prefill_tokens else 0.0
-        kv = (step.decode_context + prefill_reads) * self.kv_bytes_per_token_gpu
+        kv = self._kv_read(step.decode_seqs, step.decode_context) + prefill_reads * self.kv_bytes_per_token_gpu
         memory_s = (weights + kv) / roof.bandwidth_bytes_s
         compute_s = 0.0
         if roof.flops:
             expert = self._active_expert_params()
             dense = tokens * 2 * (arch.params_active - expert) / self.tp
             experts = tokens * 2 * expert / self.tp
-            width = arch.num_attention_heads * arch.head_dim
-            attention = 4 * arch.num_layers * width * (step.prefill_context + step.decode_context
-                                                       * step.tokens_per_seq) / self.tp
+            attention = self._attention_flops(step)
             moe_flops = roof.flops / self.efficiency.compute * self.efficiency.compute_moe
             compute_s = (dense + attention) / roof.flops + experts / moe_flops
-        comm_s = 2 * arch.num_layers * cap.allreduce_seconds(tokens, arch.hidden_size, self.tp, roof)
+        comm_s = 2 * arch.num_layers * allreduce_seconds(tokens, arch.hidden_size, self.tp, roof,
+                                                         self.hardware.allreduce_us)
         if self.expert_parallel and arch.moe is not None:
             comm_s += self._all_to_all_seconds(tokens, roof)
         e = self.efficiency
         fixed = e.step_overhead_s + e.overhead_per_layer_s * arch.num_layers + e.overhead_per_seq_s * (
-            step.decode_seqs + (1 if step.prefill_tokens else 0))
+            step.decode_seqs + (1 if step.prefill_tokens else 0)) + e.overhead_per_rank_s * (self.tp - 1)
         draft_s = 0.0
         if self.draft_tokens and step.tokens_per_seq > 1:
-            draft_s = cap.draft_seconds(self.profile, self.precision, self.tp, self.draft_tokens, roof) + (
+            draft_s = draft_seconds(self.profile, self.precision, self.tp, self.draft_tokens, roof) + (
                 self.draft_tokens * self.efficiency.overhead_per_layer_s)
         return max(memory_s, compute_s) + comm_s + fixed + draft_s
+
+    def _attended(self, context_per_seq: float) -> float:
+        """Tokens one query attends to: all of its context, or the indexer's top-k under sparse attention."""
+        sparse = self.profile.architecture.sparse_attention
+        if sparse is not None and sparse.index_topk:
+            return min(context_per_seq, float(sparse.index_topk))
+        return context_per_seq
+
+    def _indexer_bytes_per_token(self) -> int:
+        sparse = self.profile.architecture.sparse_attention
+        return (sparse.index_head_dim + 4) * self.profile.architecture.num_layers if sparse is not None else 0
+
+    def _kv_read(self, seqs: int, context: float) -> float:
+        """Bytes of KV cache decoding reads: every cached token, or under sparse attention the top-k tokens' latents
+        plus every token's indexer key."""
+        if not seqs:
+            return 0.0
+        indexer = self._indexer_bytes_per_token()
+        per_seq = context / seqs
+        return seqs * self._attended(per_seq) * (self.kv_bytes_per_token_gpu - indexer) + context * indexer
+
+    def _attention_flops(self, step: Step) -> float:
+        """Attention FLOPs per GPU. Multi-head: 4 x heads x head_dim per attended token. MLA (absorbed, as vLLM
+        decodes it): 2 x heads x (2 x kv_lora_rank + rope dims), over the attended tokens; a sparse-MLA kernel runs
+        at least `sparse_mla_min_heads` heads per GPU, and the indexer scores every cached token."""
+        arch = self.profile.architecture
+        layers = arch.num_layers
+        decode_per_seq = step.decode_context / step.decode_seqs if step.decode_seqs else 0.0
+        queries_attended = (step.decode_seqs * step.tokens_per_seq * self._attended(decode_per_seq)
+                            + (self._attended(step.prefill_context / step.prefill_tokens) * step.prefill_tokens
+                               if step.prefill_tokens else 0.0))
+        if arch.mla is None:
+            return 4 * layers * arch.num_attention_heads * arch.head_dim * queries_attended / self.tp
+        heads = arch.num_attention_heads / self.tp
+        if arch.sparse_attention is not None and self.hardware.sparse_mla_min_heads:
+            heads = max(heads, float(self.hardware.sparse_mla_min_heads))
+        flops = 2 * layers * heads * (2 * arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim) * queries_attended
+        sparse = arch.sparse_attention
+        if sparse is not None:
+            scored = step.decode_context * step.tokens_per_seq + step.prefill_context
+            flops += 2 * layers * (sparse.index_n_heads or 64) * sparse.index_head_dim * scored / self.tp
+        return flops
 
     def _active_expert_params(self) -> float:
         """Parameters of the routed experts one token passes through."""
@@ -133,7 +230,7 @@ class RooflineSteps:
         dense = cap.weight_bytes(self.profile, self.precision) - cap.expert_weight_bytes(self.profile, self.precision)
         return dense / self.tp + max(active - dense, 0.0) / (self.tp * self.data_parallel)
 
-    def _all_to_all_seconds(self, tokens: int, roof: cap.Roofline) -> float:
+    def _all_to_all_seconds(self, tokens: int, roof: Roofline) -> float:
         """Dispatch and combine in every MoE layer: each token's hidden state (bf16) to its k experts' ranks and
         back, the share bound for other GPUs over one link direction, plus a latency like an all-reduce's."""
         arch, moe = self.profile.architecture, self.profile.architecture.moe

@@ -1,4 +1,4 @@
-"""The capacity model: weights, KV cache and decode speed from architecture facts. Pure.
+"""The capacity model: weights and KV cache from architecture facts. Pure.
 
 It mirrors how vLLM sizes its KV cache at start-up (vllm/v1/worker/gpu_worker.py
 determine_available_memory; vllm/v1/core/kv_cache_utils.py get_kv_cache_capacity):
@@ -255,56 +255,3 @@ def kv_capacity(profile: Profile, *, precision: str, tp: int, gpu_memory_bytes: 
     tokens, concurrency = kv_cache_tokens(max(kv_bytes, 0), layout, max_model_len, c.get("vllm", "block_size"),
                                           max_num_batched_tokens)
     return KvCapacity(weights, overhead, kv_bytes, layout, tokens, concurrency)
-
-
-@dataclass(frozen=True)
-class Roofline:
-    bandwidth_bytes_s: float  # achievable memory bandwidth, per GPU
-    flops: float | None  # achievable dense FLOP/s per GPU at the weight precision
-    allreduce_latency_s: float  # one small all-reduce
-    link_bytes_s: float  # one direction of the GPU-to-GPU link, per GPU
-
-
-def allreduce_seconds(tokens: int, hidden: int, tp: int, roof: Roofline) -> float:
-    """One ring all-reduce of `tokens` bf16 hidden states across `tp` GPUs."""
-    if tp <= 1:
-        return 0.0
-    payload = tokens * hidden * 2
-    return roof.allreduce_latency_s + 2 * (tp - 1) / tp * payload / roof.link_bytes_s
-
-
-def decode_step_seconds(profile: Profile, precision: str, tp: int, batch: int, context: int,
-                        kv_per_token_gpu: int, roof: Roofline, tokens_per_seq: int = 1,
-                        prefill_per_seq: float = 0.0) -> float:
-    """One engine step for `batch` running sequences at `context` tokens each.
-
-    Memory time: the weights read (for MoE, the experts hit) and every sequence's KV cache.
-    Compute time: the decoded tokens (`tokens_per_seq` > 1 when speculative decoding verifies drafts)
-    plus `prefill_per_seq` prompt tokens per sequence that chunked prefill mixes into the step.
-    Communication: two all-reduces per layer under tensor parallelism.
-    """
-    weights = active_weight_bytes(profile, precision, batch * tokens_per_seq) / tp
-    kv = batch * context * kv_per_token_gpu
-    memory_s = (weights + kv) / roof.bandwidth_bytes_s
-    compute_s = 0.0
-    tokens = batch * (tokens_per_seq + prefill_per_seq)
-    if roof.flops:
-        compute_s = tokens * 2 * profile.architecture.params_active / tp / roof.flops
-    comm_s = 2 * profile.architecture.num_layers * allreduce_seconds(
-        round(tokens), profile.architecture.hidden_size, tp, roof)
-    return max(memory_s, compute_s) + comm_s
-
-
-def draft_seconds(profile: Profile, precision: str, tp: int, k: int, roof: Roofline) -> float:
-    """k draft passes of an EAGLE/MTP head: about one decoder layer plus the LM head, memory-bound."""
-    arch = profile.architecture
-    one_layer = active_weight_bytes(profile, precision, 1) / arch.num_layers
-    lm_head = arch.vocab_size * arch.hidden_size * 2
-    return k * (one_layer + lm_head) / tp / roof.bandwidth_bytes_s
-
-
-def speculative_tokens_per_step(acceptance: float, k: int) -> float:
-    """Expected tokens emitted per verification step with k drafted tokens (geometric acceptance)."""
-    if acceptance >= 1:
-        return float(k + 1)
-    return (1 - acceptance ** (k + 1)) / (1 - acceptance)

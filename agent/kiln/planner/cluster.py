@@ -20,8 +20,9 @@ from kiln.perf.steps import PipelineSteps, RooflineSteps, StepModel
 from kiln.perf.workload import Workload
 from kiln.planner import capacity as cap
 from kiln.planner.explain import Option, explain
-from kiln.planner.plan import Context, make_plan
+from kiln.planner.plan import Context, fit_plans
 from kiln.planner.precision import precision_options
+from kiln.planner.search import Choosing, choose, make_plan, plan_of
 from kiln.planner.types import Constants, InstancePlan, Plan, Refusal
 from kiln.profiles.schema import Profile
 
@@ -148,12 +149,12 @@ def _layout_plan(machine: Machine, profile: Profile, choice: Choice, c: Constant
     base = choice.model_copy(update={"tensor_parallel_size": layout.tp, "instances": 1,
                                      "speculative_decoding": speculative})
     if layout.kind == "pipeline":
-        made = make_plan(_stacked(machine, layout.pp, c, profile), profile,
+        made = fit_plans(_stacked(machine, layout.pp, c, profile), profile,
                          base.model_copy(update={"data_parallel_size": None, "expert_parallel": False}), c)
     else:
-        made = make_plan(_joined(machine, layout.nodes), profile,
+        made = fit_plans(_joined(machine, layout.nodes), profile,
                          base.model_copy(update={"data_parallel_size": layout.dp, "expert_parallel": True}), c)
-    return made if isinstance(made, Refusal) else _per_node(made, machine, layout.nodes, layout)
+    return made if isinstance(made, Refusal) else _per_node(made[0], machine, layout.nodes, layout)
 
 
 def _misfit(machine: Machine, profile: Profile, choice: Choice, c: Constants, layout: Layout) -> str | None:
@@ -223,9 +224,12 @@ def plan_cluster(machine: Machine, nodes: int, profile: Profile, choice: Choice,
     if profile.cpu_only or not machine.gpus:
         return Refusal(f"{profile.name} on {machine.name}: clusters are planned for GPU machines",
                        ("plan a GPU machine, e.g. --machine h100x8",))
-    alone = make_plan(machine, profile, choice, c)
-    if isinstance(alone, Plan):
-        return _fleet(machine, nodes, alone, workload, c, steps_for)
+    fits = fit_plans(machine, profile, choice, c)
+    if not isinstance(fits, Refusal):
+        found = choose(machine, profile, choice, workload, c, steps_for, closest=True)
+        one = plan_of(machine, profile, choice, found, workload, c) if isinstance(found, Choosing) else fits[0]
+        return _fleet(machine, nodes, one, workload, c, steps_for)
+    alone = fits
     options: list[ClusterOption] = []
     reasons: list[str] = []
     specs: list[bool | None] = [choice.speculative_decoding] if choice.speculative_decoding is not None else (

@@ -34,11 +34,6 @@ def make_cpu_plan(machine: Machine, profile: Profile, choice: Choice, c: Constan
     weights = cap.weight_bytes(profile, precision)
     per_core = cores // instances
     omp_reserve = reserved if per_core > reserved else 0  # an instance on one core cannot spare it
-    bandwidth = c.get("cpu", "memory_bandwidth_gb_s") * 1e9 / instances
-    ctx_avg = min(context, c.get("planning", "typical_prompt_tokens"))
-    step = (weights + ctx_avg * layout.bytes_per_token_per_gpu) / bandwidth
-    batch = max(1, min(seqs, tokens // max(ctx_avg, 1)))
-    batch_step = (weights + batch * ctx_avg * layout.bytes_per_token_per_gpu) / bandwidth
     engine = EngineSettings(
         model=checkpoint.hf_id, revision=checkpoint.revision, served_model_names=(profile.name,),
         tensor_parallel_size=1, max_model_len=context, gpu_memory_utilization=0.0, max_num_seqs=seqs,
@@ -58,8 +53,6 @@ def make_cpu_plan(machine: Machine, profile: Profile, choice: Choice, c: Constan
         weight_bytes_per_gpu=weights, kv_bytes_per_token=layout.bytes_per_token_instance,
         kv_bytes_per_token_per_gpu=layout.bytes_per_token_per_gpu, kv_cache_bytes_per_gpu=kv_space,
         kv_cache_tokens_per_instance=tokens, max_concurrency_per_instance=concurrency,
-        decode_tokens_per_s_per_seq=1 / step, batch_per_instance=batch,
-        output_tokens_per_s=instances * batch / batch_step,
     )
     explanation = (
         f"Machine: {cores} CPU cores, no GPU used: {profile.name} runs on vLLM's CPU backend.",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.choice.schema import Choice
@@ -11,7 +11,6 @@ from kiln.hardware.model import Architecture, Machine
 from kiln.planner import capacity as cap
 from kiln.planner.cpu import make_cpu_plan
 from kiln.planner.precision import NATIVE_FP8, PrecisionOption, forced_option, precision_options
-from kiln.planner.startup import with_cold_start
 from kiln.planner.topology import gpu_groups, group_numa, tp_problem, valid_tp_sizes
 from kiln.planner.types import Constants, EngineSettings, InstancePlan, Plan, Prediction, Refusal
 from kiln.profiles.schema import Profile, Speculative
@@ -26,7 +25,7 @@ def _gb(n: float) -> str:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to run the model: a precision and a TP size, with its modeled capacity."""
+    """One way to run the model: a precision, a TP size and drafts on or off, with the memory it fits in."""
 
     option: PrecisionOption
     tp: int
@@ -42,9 +41,6 @@ class Candidate:
     layout: cap.KvLayout
     kv_tokens: int
     concurrency: float
-    batch: int
-    decode_tps_per_seq: float
-    output_tps: float
 
 
 @dataclass(frozen=True)
@@ -74,21 +70,6 @@ class Context:
         """Memory CUDA offers per GPU (the smallest GPU's), as vLLM's total_memory."""
         reserved = int(self.c.get("vllm", "driver_reserved_bytes"))
         return min(g.memory_bytes for g in self.machine.gpus) - reserved
-
-    def roofline(self, precision: str) -> cap.Roofline:
-        spec = self.machine.gpus[0].spec
-        eff_bw = self.c.get("roofline", "memory_bandwidth_efficiency")
-        flops_key = {"nvfp4": "fp4", "mxfp4": "fp4", "int4": "bf16"}.get(precision, precision)
-        tflops = spec.tflops(flops_key) or spec.tflops("bf16")
-        nvlink = self.machine.gpu_count > 1 and all(self.machine.linked(0, j) for j in range(self.machine.gpu_count))
-        link = "nvlink" if nvlink else "pcie"
-        link_gb_s = spec.nvlink_gb_s / 2 if nvlink and spec.nvlink_gb_s else self.c.get("roofline", "pcie_gb_s")
-        return cap.Roofline(
-            bandwidth_bytes_s=spec.memory_bandwidth_gb_s * 1e9 * eff_bw,
-            flops=None if not tflops else tflops * 1e12 * self.c.get("roofline", "compute_efficiency"),
-            allreduce_latency_s=self.c.get("roofline", "allreduce_latency_s", link),
-            link_bytes_s=link_gb_s * 1e9,
-        )
 
 
 def _speculative_options(ctx: Context) -> tuple[Speculative, ...]:
@@ -123,56 +104,23 @@ def _pow2_floor(n: float) -> int:
     return p
 
 
-@dataclass(frozen=True)
-class Workload:
-    """The planner's typical request on one instance: step times from the capacity model."""
-
-    profile: Profile
-    precision: str
-    tp: int
-    roof: cap.Roofline
-    kv_per_token_gpu: int
-    context: int  # average tokens in a running sequence's KV cache
-    prefill: float  # prompt tokens prefilled per generated token
-
-    def step(self, batch: int, tokens_per_seq: int = 1, *, with_prefill: bool = True) -> float:
-        return cap.decode_step_seconds(self.profile, self.precision, self.tp, batch, self.context,
-                                       self.kv_per_token_gpu, self.roof, tokens_per_seq,
-                                       prefill_per_seq=self.prefill if with_prefill else 0.0)
-
-    def speculative_step(self, batch: int, k: int, *, with_prefill: bool = True) -> float:
-        return self.step(batch, k + 1, with_prefill=with_prefill) + cap.draft_seconds(
-            self.profile, self.precision, self.tp, k, self.roof)
-
-
-def _decide_speculative(ctx: Context, options: tuple[Speculative, ...], work: Workload, batch: int
-                        ) -> tuple[Speculative | None, str]:
-    """Whether drafts pay for themselves at this batch, and why."""
+def _speculative_settings(ctx: Context, options: tuple[Speculative, ...]) -> list[tuple[Speculative | None, str]]:
+    """Drafts on, off, or both for the engine to compare; each with why it is offered."""
     if not options:
-        return None, ("requested, but the profile has no speculative-decoding option"
-                      if ctx.choice.speculative_decoding else
-                      "off: the profile has no draft model, EAGLE head or MTP layer")
+        return [(None, "requested, but the profile has no speculative-decoding option"
+                 if ctx.choice.speculative_decoding else
+                 "off: the profile has no draft model, EAGLE head or MTP layer")]
     if ctx.choice.speculative_decoding is False:
-        return None, "off, as the user asked"
-    spec = options[0]
-    k = spec.num_speculative_tokens
-    emitted = cap.speculative_tokens_per_step(ctx.c.get("roofline", "acceptance_rate").get(spec.method, 0.5), k)
-    plain, verify = work.step(batch), work.speculative_step(batch, k)
-    gain = emitted * plain / verify
+        return [(None, "off, as asked")]
     if ctx.choice.speculative_decoding:
-        return spec, "on, as the user asked"
-    if ctx.objective == "latency":
-        return spec, (f"on: it cuts per-token latency; a verify step emits ~{emitted:.1f} tokens for little "
-                      "more than one step's time")
-    if gain >= ctx.c.get("roofline", "speculative_min_gain"):
-        return spec, (f"on: at batch {batch} decode is memory-bound, so drafting and verifying {k + 1} tokens per "
-                      f"step costs {verify / plain:.2f}x a plain step and yields {gain:.2f}x the tokens")
-    return None, (f"off: at batch {batch} a step that drafts and verifies {k + 1} tokens costs "
-                  f"{verify / plain:.2f}x a plain one and would yield only {gain:.2f}x the tokens")
+        return [(options[0], "on, as asked")]
+    return [(None, "off"), (options[0], "on")]
 
 
-def _evaluate(ctx: Context, option: PrecisionOption, tp: int, kv_dtype: str, context: int) -> Candidate | str:
-    """Model one (precision, TP, context) candidate; a string says why it does not fit."""
+def _evaluate(ctx: Context, option: PrecisionOption, tp: int, kv_dtype: str, context: int
+              ) -> list[Candidate] | str:
+    """Fit one (precision, TP, context) in memory, with drafts on and off as the choice allows; a string says why
+    it does not fit."""
     c, profile = ctx.c, ctx.profile
     plan_c = c.get("planning")
     typical = min(plan_c["typical_prompt_tokens"] + plan_c["typical_output_tokens"], context)
@@ -207,27 +155,13 @@ def _evaluate(ctx: Context, option: PrecisionOption, tp: int, kv_dtype: str, con
     max_num_seqs = max(8, min(seq_cap, _pow2_floor(found.tokens / typical)))
     if max_num_seqs < seq_cap:
         found = capacity(max_num_seqs)  # fewer sequences: smaller sampler warm-up and graphs, more KV
-    batch = max(1, min(max_num_seqs, found.tokens // typical))
-    work = Workload(profile, option.precision, tp, ctx.roofline(option.precision),
-                    found.layout.bytes_per_token_per_gpu,
-                    context=plan_c["typical_prompt_tokens"] + plan_c["typical_output_tokens"] // 2,
-                    prefill=plan_c["typical_prompt_tokens"] / plan_c["typical_output_tokens"])
-    spec, spec_reason = _decide_speculative(ctx, spec_options, work, batch)
-    if spec is None:
-        emitted, single, loaded = 1.0, work.step(1, with_prefill=False), work.step(batch)
-    else:
-        k = spec.num_speculative_tokens
-        emitted = cap.speculative_tokens_per_step(c.get("roofline", "acceptance_rate").get(spec.method, 0.5), k)
-        single, loaded = work.speculative_step(1, k, with_prefill=False), work.speculative_step(batch, k)
     instances = ctx.choice.instances or ctx.machine.gpu_count // (tp * ctx.dp)
-    return Candidate(
+    return [Candidate(
         option=option, tp=tp, instances=instances, kv_dtype=kv_dtype, max_model_len=context,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max(batched, max_num_seqs), speculative=spec,
-        spec_reason=spec_reason, weight_bytes_per_gpu=found.weight_bytes_per_gpu,
+        spec_reason=reason, weight_bytes_per_gpu=found.weight_bytes_per_gpu,
         kv_cache_bytes_per_gpu=found.kv_cache_bytes_per_gpu, layout=found.layout, kv_tokens=found.tokens,
-        concurrency=found.concurrency, batch=batch, decode_tps_per_seq=emitted / single,
-        output_tps=instances * batch * emitted / loaded,
-    )
+        concurrency=found.concurrency) for spec, reason in _speculative_settings(ctx, spec_options)]
 
 
 def _contexts(ctx: Context, target: int) -> list[int]:
@@ -241,23 +175,10 @@ def _contexts(ctx: Context, target: int) -> list[int]:
     return out
 
 
-def _better(ctx: Context, a: Candidate, b: Candidate) -> bool:
-    """Is a better than b for the objective? A wider split must win by the margin to be chosen."""
-    margin = 1 + float(ctx.c.get("planning", "wider_split_margin"))
-    score_a, score_b = ((a.decode_tps_per_seq, b.decode_tps_per_seq) if ctx.objective == "latency"
-                        else (a.output_tps, b.output_tps))
-    if a.tp > b.tp:
-        return score_a > score_b * margin
-    if a.tp < b.tp:
-        return score_a * margin >= score_b
-    return score_a > score_b
-
-
 def _search(ctx: Context, options: Sequence[PrecisionOption], tps: Sequence[int], target: int
-            ) -> tuple[Candidate | None, list[str], list[Candidate]]:
-    """The best candidate: the preferred precision that fits, the longest context it fits with,
-    the TP size the objective likes best. Otherwise why the preferred precision does not fit,
-    at the widest split and shortest context tried, last."""
+            ) -> tuple[list[Candidate], list[str]]:
+    """Every candidate of the preferred precision that fits, at the longest context any split fits with;
+    otherwise why the preferred precision does not fit, at the widest split and shortest context tried, last."""
     reasons: list[str] = []
     kv_dtype = _kv_dtype(ctx)
     for rank, option in enumerate(options):
@@ -269,70 +190,58 @@ def _search(ctx: Context, options: Sequence[PrecisionOption], tps: Sequence[int]
                     if rank == 0:
                         reasons.append(result)
                 else:
-                    fitting.append(result)
+                    fitting += result
             if fitting:
-                best = fitting[0]
-                for cand in fitting[1:]:
-                    if _better(ctx, cand, best):
-                        best = cand
-                return best, reasons, fitting
-    return None, reasons, []
+                return fitting, reasons
+    return [], reasons
 
 
-def _explain(ctx: Context, best: Candidate, others: Sequence[Candidate], target: int) -> list[str]:
-    m, p = ctx.machine, ctx.profile
-    gpu = m.gpus[0]
-    links = "NVLink between all GPUs" if m.gpu_count > 1 and all(
-        m.linked(0, j) for j in range(m.gpu_count)) else ("PCIe only" if m.gpu_count > 1 else "one GPU")
+def links(m: Machine) -> str:
+    if m.gpu_count <= 1:
+        return "one GPU"
+    return "NVLink between all GPUs" if all(m.linked(0, j) for j in range(m.gpu_count)) else "PCIe only"
+
+
+def describe(machine: Machine, profile: Profile, plan: Plan) -> list[str]:
+    """What the plan is and the memory it fits in, from the plan's own fields (the engine's lines say why)."""
+    m, gpu, e, p = machine, machine.gpus[0], plan.engine, plan.predicted
+    precision_text = (f"{plan.quantization} (quantized online from {e.model})" if e.quantization
+                      else f"{plan.quantization} ({e.model})")
+    target = _target_context(profile, machine, None)
+    split = f"TP{e.tensor_parallel_size}" + (f" x DP{e.data_parallel_size}" if e.data_parallel_size > 1 else "")
     lines = [
         f"Machine: {m.gpu_count}x {gpu.name} ({gpu.architecture.value}, {gpu.memory_gib:.0f} GiB, "
-        f"{gpu.spec.memory_bandwidth_gb_s:.0f} GB/s each), {links}.",
-        f"Precision: {best.option.describe()}; " + {
+        f"{gpu.spec.memory_bandwidth_gb_s:.0f} GB/s each), {links(m)}.",
+        f"Precision: {precision_text}; " + {
             Architecture.HOPPER: "Hopper has FP8 tensor cores",
             Architecture.ADA: "Ada has FP8 tensor cores",
             Architecture.BLACKWELL: "Blackwell has FP4 tensor cores",
         }.get(gpu.architecture, "no low-precision tensor cores on this GPU") +
-        f"; weights {_gb(best.weight_bytes_per_gpu)} per GPU at TP{best.tp}.",
+        f"; weights {_gb(p.weight_bytes_per_gpu)} per GPU at {split}"
+        + (", the routed experts spread over all its GPUs (expert parallel)." if e.enable_expert_parallel else "."),
     ]
-    alt = [o for o in others if o.tp != best.tp]
-    margin = round(ctx.c.get("planning", "wider_split_margin") * 100)
-    if ctx.objective == "throughput":
-        top = max(others, key=lambda o: o.output_tps)
-        why = f"TP{best.tp} x {best.instances} instance(s) " + (
-            f"gives the highest modeled throughput ({best.output_tps:,.0f} tok/s)" if top is best else
-            f"models {best.output_tps:,.0f} tok/s, within {margin}% of TP{top.tp}'s {top.output_tps:,.0f} with a "
-            "narrower split (less all-reduce, more replicas)")
-        if alt:
-            why += "; vs " + ", ".join(f"TP{o.tp} x {o.instances}: {o.output_tps:,.0f} tok/s" for o in alt)
-    else:
-        top = max(others, key=lambda o: o.decode_tps_per_seq)
-        why = f"TP{best.tp} " + (
-            f"gives the lowest modeled per-token latency ({1000 / best.decode_tps_per_seq:.1f} ms)" if top is best
-            else f"models {1000 / best.decode_tps_per_seq:.1f} ms per token, within {margin}% of TP{top.tp}'s "
-            f"{1000 / top.decode_tps_per_seq:.1f} ms with a narrower split")
-        if alt:
-            why += "; vs " + ", ".join(f"TP{o.tp}: {1000 / o.decode_tps_per_seq:.1f} ms" for o in alt)
-    smaller = [t for t in valid_tp_sizes(p.architecture, m.gpu_count) if t < best.tp and t not in
-               {o.tp for o in others}]
-    if smaller:
-        listed = ", ".join(f"TP{t}" for t in smaller)
-        why += f"; {listed} {'does' if len(smaller) == 1 else 'do'} not fit"
-    lines.append(why + ".")
-    if best.instances > 1:
-        lines.append(f"{best.instances} instances of TP{best.tp}: the model fits in fewer GPUs than the machine "
-                     "has, so independent replicas serve in parallel behind one endpoint (concurrent "
-                     "optimization) instead of paying all-reduce cost across every GPU.")
-    kv_word = "fp8 (half the bytes of bf16)" if best.kv_dtype == "fp8" else "the model's dtype"
-    lines.append(f"KV cache in {kv_word}: {best.layout.bytes_per_token_instance:,} bytes per token; "
-                 f"{best.kv_tokens:,} tokens per instance, {best.concurrency:.1f} requests at full context.")
-    if best.max_model_len < target:
-        lines.append(f"Context shortened from {target:,} to {best.max_model_len:,} tokens so the KV cache holds "
+    if len(plan.instances) > 1:
+        lines.append(f"{len(plan.instances)} instances of {split}: independent replicas behind one endpoint "
+                     f"(concurrent instances), each on {len(plan.instances[0].gpus)} GPU(s).")
+    kv_word = "fp8 (half the bytes of bf16)" if plan.kv_cache_dtype == "fp8" else "the model's dtype"
+    lines.append(f"KV cache in {kv_word}: {p.kv_bytes_per_token:,} bytes per token; "
+                 f"{p.kv_cache_tokens_per_instance:,} tokens per instance, {p.max_concurrency_per_instance:.1f} "
+                 "requests at full context.")
+    if e.max_model_len < target:
+        lines.append(f"Context shortened from {target:,} to {e.max_model_len:,} tokens so the KV cache holds "
                      f"enough concurrent requests; ask for more with max_model_len on a larger machine.")
-    lines.append(f"Speculative decoding {best.spec_reason}.")
     lines.append("Prefix caching on: requests that share a system prompt or chat history skip its prefill.")
-    lines.append(f"Batch limits for {ctx.objective}: max_num_seqs {best.max_num_seqs}, "
-                 f"max_num_batched_tokens {best.max_num_batched_tokens}.")
+    lines.append(f"Batch limits: max_num_seqs {e.max_num_seqs}, max_num_batched_tokens {e.max_num_batched_tokens}.")
     return lines
+
+
+def _target_context(profile: Profile, machine: Machine, choice: Choice | None) -> int:
+    if choice is not None and choice.max_model_len:
+        return choice.max_model_len
+    gpu = machine.gpus[0] if machine.gpus else None
+    override = profile.override_for(gpu.spec.class_name, gpu.architecture.value) if gpu else None
+    return (override.serving.max_model_len if override and override.serving and override.serving.max_model_len
+            else profile.serving.max_model_len)
 
 
 def _refuse(ctx: Context, reasons: Sequence[str], alternatives: Sequence[Machine], target: int) -> Refusal:
@@ -340,39 +249,42 @@ def _refuse(ctx: Context, reasons: Sequence[str], alternatives: Sequence[Machine
     suggestions: list[str] = []
     if ctx.choice.max_model_len:
         relaxed = ctx.choice.model_copy(update={"max_model_len": None})
-        plan = make_plan(ctx.machine, p, relaxed, ctx.c)
-        if isinstance(plan, Plan):
-            suggestions.append(f"a shorter context: max_model_len {plan.engine.max_model_len} fits on this machine")
+        plans = fit_plans(ctx.machine, p, relaxed, ctx.c)
+        if not isinstance(plans, Refusal):
+            suggestions.append(f"a shorter context: max_model_len {plans[0].engine.max_model_len} fits on this "
+                               "machine")
     if ctx.choice.quantization and ctx.choice.quantization != "auto":
         relaxed = ctx.choice.model_copy(update={"quantization": None})
-        plan = make_plan(ctx.machine, p, relaxed, ctx.c)
-        if isinstance(plan, Plan):
-            suggestions.append(f"a lower precision: quantization {plan.quantization} fits on this machine")
+        plans = fit_plans(ctx.machine, p, relaxed, ctx.c)
+        if not isinstance(plans, Refusal):
+            suggestions.append(f"a lower precision: quantization {plans[0].quantization} fits on this machine")
     arch = ctx.machine.gpus[0].architecture
     if "nvfp4" in p.checkpoints and arch is not Architecture.BLACKWELL:
         suggestions.append("an NVFP4 checkpoint exists for this model: it needs a Blackwell machine (B300)")
     for alt in alternatives:
         if alt.name == ctx.machine.name:
             continue
-        plan = make_plan(alt, p, ctx.choice.model_copy(update={"tensor_parallel_size": None, "instances": None}),
-                         ctx.c)
-        if isinstance(plan, Plan):
-            suggestions.append(f"a larger machine: {alt.name} fits it ({plan.quantization}, "
-                               f"TP{plan.tensor_parallel_size} x {len(plan.instances)})")
+        plans = fit_plans(alt, p, ctx.choice.model_copy(update={"tensor_parallel_size": None, "instances": None}),
+                          ctx.c)
+        if not isinstance(plans, Refusal):
+            suggestions.append(f"a larger machine: {alt.name} fits it ({plans[0].quantization}, from "
+                               f"TP{plans[0].tensor_parallel_size} up)")
             break
     detail = reasons[-1] if reasons else "no configuration fits"
     return Refusal(f"{p.name} does not fit on {ctx.machine.name}: {detail}", tuple(suggestions))
 
 
-def make_plan(machine: Machine, profile: Profile, choice: Choice, constants: Constants,
-              alternatives: Sequence[Machine] = ()) -> Plan | Refusal:
-    """Decide how to serve `profile` on `machine` for the user's `choice`.
+def fit_plans(machine: Machine, profile: Profile, choice: Choice, constants: Constants,
+              alternatives: Sequence[Machine] = ()) -> list[Plan] | Refusal:
+    """Every way the user's `choice` leaves to serve `profile` on `machine` that fits in memory: the preferred
+    precision, the longest context that fits, each tensor-parallel split, drafts on and off. Their throughput
+    and latency are the engine's to predict (kiln.planner.search ranks them).
 
     `alternatives` are other machines to suggest when nothing fits here.
     """
     if profile.cpu_only:
-        cpu = make_cpu_plan(machine, profile, choice, constants)
-        return with_cold_start(cpu, profile, constants) if isinstance(cpu, Plan) else cpu
+        made = make_cpu_plan(machine, profile, choice, constants)
+        return made if isinstance(made, Refusal) else [made]
     problem = machine.accelerator_problem()
     if problem:
         return Refusal(problem, ("on a machine without a supported GPU, `kiln up --profile tiny-cpu` serves a "
@@ -433,14 +345,20 @@ def make_plan(machine: Machine, profile: Profile, choice: Choice, constants: Con
                            (f"ask for at most {machine.gpu_count // (choice.tensor_parallel_size or 1)} "
                             "instances",))
 
-    best, reasons, fitting = _search(ctx, options, tps, target)
-    if best is None:
+    fitting, reasons = _search(ctx, options, tps, target)
+    if not fitting:
         return _refuse(ctx, reasons, alternatives, target)
-    groups = gpu_groups(machine, best.tp * ctx.dp, best.instances)
-    if groups is None:
-        return Refusal(f"cannot form {best.instances} NVLink-connected groups of {best.tp} GPUs on {machine.name}",
-                       ("ask for fewer instances or a smaller tensor_parallel_size",))
-    return with_cold_start(_build_plan(ctx, best, fitting, groups, target), profile, constants)
+    plans = []
+    for cand in fitting:
+        groups = gpu_groups(machine, cand.tp * ctx.dp, cand.instances)
+        if groups is None:
+            reasons.append(f"cannot form {cand.instances} NVLink-connected groups of {cand.tp * ctx.dp} GPUs on "
+                           f"{machine.name}")
+            continue
+        plans.append(_build_plan(ctx, cand, groups))
+    if not plans:
+        return Refusal(reasons[-1], ("ask for fewer instances or a smaller tensor_parallel_size",))
+    return plans
 
 
 def _served_names(profile: Profile) -> tuple[str, ...]:
@@ -462,8 +380,7 @@ def _minor(m: Machine, gpu: int) -> int:
     return gpu if minor is None else minor
 
 
-def _build_plan(ctx: Context, best: Candidate, fitting: Sequence[Candidate], groups: list[tuple[int, ...]],
-                target: int) -> Plan:
+def _build_plan(ctx: Context, best: Candidate, groups: list[tuple[int, ...]]) -> Plan:
     m, p, c = ctx.machine, ctx.profile, ctx.c
     gpu = m.gpus[0]
     override = p.override_for(gpu.spec.class_name, gpu.architecture.value)
@@ -508,15 +425,13 @@ def _build_plan(ctx: Context, best: Candidate, fitting: Sequence[Candidate], gro
         kv_cache_bytes_per_gpu=best.kv_cache_bytes_per_gpu,
         kv_cache_tokens_per_instance=best.kv_tokens * ctx.dp,
         max_concurrency_per_instance=best.concurrency,
-        decode_tokens_per_s_per_seq=best.decode_tps_per_seq,
-        batch_per_instance=best.batch,
-        output_tokens_per_s=best.output_tps,
     )
     warnings = []
     if len({g.name for g in m.gpus}) > 1:
         warnings.append("the GPUs differ; kiln planned for the smallest")
-    return Plan(
+    plan = Plan(
         machine=m.name, profile=p.name, objective=ctx.objective, quantization=best.option.precision,
         kv_cache_dtype=best.kv_dtype, engine=engine, instances=tuple(instances), predicted=predicted,
-        explanation=tuple(_explain(ctx, best, fitting, target)), warnings=tuple(warnings),
+        explanation=(), warnings=tuple(warnings),
     )
+    return replace(plan, explanation=tuple(describe(m, p, plan)))

@@ -8,17 +8,21 @@ from dataclasses import dataclass, replace
 
 from kiln.choice.schema import Choice
 from kiln.hardware.model import Machine
-from kiln.perf.predict import forecast
+from kiln.perf.predict import Forecast, forecast, kiln_steps
 from kiln.perf.steps import StepModel
-from kiln.perf.workload import Workload
+from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, resolve
+from kiln.planner.bands import band_for
 from kiln.planner.explain import Option, explain
-from kiln.planner.plan import make_plan
+from kiln.planner.plan import describe, fit_plans
+from kiln.planner.startup import with_cold_start
+from kiln.planner.topology import valid_tp_sizes
 from kiln.planner.types import Constants, Plan, Refusal
 from kiln.planner.variants import choices, variants
 from kiln.profiles.schema import Profile
 
 StepsFor = Callable[[Plan], StepModel]
 LOOSER = 1.05  # a suggested budget leaves this margin over the closest setup's prediction
+WIDENED_SPLITS = 2  # the draft-length search covers the best this many splits with drafts on
 OUTPUT_TIE = 0.02  # outputs this close are a tie, well within the model's error; faster tokens break it
 
 
@@ -58,35 +62,159 @@ def _shortfall(option: Option, workload: Workload) -> float:
 
 def predict_options(machine: Machine, profile: Profile, choice: Choice, workload: Workload, c: Constants,
                     steps_for: StepsFor) -> tuple[list[Option], Refusal | None]:
+    """Every setup that fits, predicted: first each split, precision and drafts on/off at the profile's draft
+    length over the batch limits; then, for the best few of those with drafts on, the other draft lengths."""
     options: list[Option] = []
     refusal: Refusal | None = None
+    seen: set[str] = set()
+    objective = choice.objective or "throughput"
+
+    def add(plans: Sequence[Plan]) -> None:
+        for plan in plans:
+            key = repr((plan.engine, len(plan.instances)))
+            if key not in seen:
+                seen.add(key)
+                options.append(Option(plan, forecast(plan, workload, steps_for(plan), c)))
+
+    fitted: list[Plan] = []
     for variant in choices(machine, profile, choice):
-        made = make_plan(machine, profile, variant, c)
+        made = fit_plans(machine, profile, variant, c)
         if isinstance(made, Refusal):
             refusal = refusal or made
             continue
-        for plan in variants(made, workload):
-            if any(o.plan.engine == plan.engine and len(o.plan.instances) == len(plan.instances) for o in options):
-                continue
-            options.append(Option(plan, forecast(plan, workload, steps_for(plan), c)))
+        fitted += made
+        for plan in made:
+            add(variants(plan, workload, drafts=False))
+    drafting = [o for o in options if o.plan.engine.speculative_config]
+    best = sorted(drafting, key=lambda o: (o.forecast.meets(workload), _score(o, objective)), reverse=True)
+    widened: list[tuple[str, int, int]] = []
+    for o in best:
+        e = o.plan.engine
+        split = (o.plan.quantization, e.tensor_parallel_size, e.data_parallel_size)
+        if split in widened:
+            continue
+        widened.append(split)
+        base = next(p for p in fitted if (p.quantization, p.engine.tensor_parallel_size,
+                                          p.engine.data_parallel_size) == split and p.engine.speculative_config)
+        add(variants(base, workload))
+        if len(widened) >= WIDENED_SPLITS:
+            break
     return options, refusal
 
 
+def default_workload() -> Workload:
+    """What kiln plans for when the user names no workload (kiln.perf.workload, the `serve` preset)."""
+    return PRESETS[DEFAULT_PRESET].workload
+
+
 def choose(machine: Machine, profile: Profile, choice: Choice, workload: Workload, c: Constants,
-           steps_for: StepsFor, alternatives: Sequence[Machine] = ()) -> Choosing | Refusal:
+           steps_for: StepsFor, alternatives: Sequence[Machine] = (), closest: bool = False) -> Choosing | Refusal:
     """The setup with the most output (or, for the latency objective, the fastest tokens per user) whose
-    prediction meets the workload's budget; the others it beat, and why, in numbers."""
+    prediction meets the workload's budget; the others it beat, and why, in numbers. When none meets it: a
+    refusal saying what would, or with `closest` the setup nearest the budget."""
     objective = choice.objective or "throughput"
     options, refusal = predict_options(machine, profile, choice, workload, c, steps_for)
     if not options:
-        return refusal or Refusal(f"{profile.name} does not fit on {machine.name}")
+        whole = fit_plans(machine, profile, choice, c, alternatives)
+        return whole if isinstance(whole, Refusal) else (refusal or Refusal(
+            f"{profile.name} does not fit on {machine.name}"))
     ranked = sorted(options, key=lambda o: _score(o, objective), reverse=True)
     meeting = [o for o in ranked if o.forecast.meets(workload)]
-    if not meeting:
+    if not meeting and not closest:
         return _refuse(machine, profile, choice, workload, c, steps_for, ranked, alternatives)
-    best = _settle_ties(meeting, objective)
+    best = _settle_ties(meeting, objective) if meeting else min(ranked, key=lambda o: _shortfall(o, workload))
     others = tuple(o for o in ranked if o is not best)
-    return Choosing(best, others, tuple(explain(best, others, workload, objective)))
+    lines = explain(best, others, workload, objective)
+    if not meeting:
+        lines.insert(1, f"No setup meets {workload.budget()}: the closest is chosen.")
+    return Choosing(best, others, tuple(lines))
+
+
+def make_plan(machine: Machine, profile: Profile, choice: Choice, c: Constants,
+              alternatives: Sequence[Machine] = (), workload: Workload | None = None,
+              steps_for: StepsFor | None = None) -> Plan | Refusal:
+    """Decide how to serve `profile` on `machine` for the user's `choice`: every setup that fits in memory,
+    predicted by kiln's engine for the workload (the argument, else the choice's, else kiln's default), the best
+    that meets its budget chosen. Without a workload of the user's, the setup nearest the default's per-user
+    floor is chosen when none meets it, so a machine always gets a plan when the model fits."""
+    own = workload or (resolve(choice.workload) if choice.workload is not None else None)
+    work = own or default_workload()
+    steps = steps_for or (lambda p: kiln_steps(p, machine, profile, c))
+    if profile.cpu_only:
+        made = fit_plans(machine, profile, choice, c, alternatives)
+        if isinstance(made, Refusal):
+            return made
+        plan = made[0]
+        return with_forecast(plan, forecast(plan, work, steps(plan), c), work, profile, c, plan.explanation, "cpu")
+    found = choose(machine, profile, choice, work, c, steps, alternatives, closest=own is None)
+    if isinstance(found, Refusal):
+        return found
+    return plan_of(machine, profile, choice, found, work, c)
+
+
+def with_forecast(plan: Plan, f: Forecast, workload: Workload, profile: Profile, c: Constants,
+                  explanation: Sequence[str], architecture: str) -> Plan:
+    """The plan with the engine's figures for `workload`, and the band they are likely to land in."""
+    predicted = replace(plan.predicted, output_tokens_per_s=f.output_tokens_per_s,
+                        tokens_per_s_per_user=f.tokens_per_s_per_user, ttft_ms_p90=f.ttft_ms["p90"],
+                        tpot_ms_p90=f.tpot_ms["p90"], engine=f.engine,
+                        band=band_for(plan, profile, workload, f.output_tokens_per_s, c, architecture))
+    described = {**workload.as_dict(), "description": f"{workload.shape()}; {workload.budget()}"}
+    return with_cold_start(replace(plan, predicted=predicted, workload=described, explanation=tuple(explanation)),
+                           profile, c)
+
+
+def plan_of(machine: Machine, profile: Profile, choice: Choice, found: Choosing, workload: Workload,
+            c: Constants) -> Plan:
+    """The chosen setup as a plan: its memory facts, the engine's figures, and why, each line true of it."""
+    plan = found.chosen.plan
+    lines = describe(machine, profile, plan)
+    if choice.speculative_decoding is not None:
+        lines.append(f"Speculative decoding {'on' if plan.engine.speculative_config else 'off'}, as asked.")
+    elif not profile.speculative:
+        lines.append("Speculative decoding off: the profile has no draft model, EAGLE head or MTP layer.")
+    lines += _unfit_lines(machine, profile, choice, found, c)
+    chosen = with_forecast(plan, found.chosen.forecast, workload, profile, c, (),
+                           machine.gpus[0].architecture.value if machine.gpus else "cpu")
+    lines += found.explanation
+    lines += _close_calls(chosen, found.alternatives, workload)
+    return replace(chosen, explanation=tuple(lines))
+
+
+def _unfit_lines(machine: Machine, profile: Profile, choice: Choice, found: Choosing, c: Constants) -> list[str]:
+    """The tensor-parallel splits of the chosen precision that do not fit in memory."""
+    if choice.tensor_parallel_size or choice.data_parallel_size or choice.expert_parallel or choice.instances:
+        return []
+    plan = found.chosen.plan
+    fitted = {o.plan.tensor_parallel_size for o in (found.chosen, *found.alternatives)
+              if o.plan.quantization == plan.quantization and o.plan.engine.data_parallel_size == 1}
+    unfit = [t for t in valid_tp_sizes(profile.architecture, machine.gpu_count) if t not in fitted]
+    if not unfit:
+        return []
+    listed = ", ".join(f"TP{t}" for t in unfit)
+    return [f"{plan.quantization}: {listed}, each holding a whole copy of the model, "
+            f"{'does' if len(unfit) == 1 else 'do'} not fit in memory."]
+
+
+def _layout(plan: Plan) -> tuple[object, ...]:
+    """What a close call is between: precision, split and drafts on or off (not draft lengths or batch limits)."""
+    e = plan.engine
+    return (plan.quantization, e.tensor_parallel_size, e.data_parallel_size, len(plan.instances),
+            bool(e.speculative_config))
+
+
+def _close_calls(chosen: Plan, others: Sequence[Option], workload: Workload) -> list[str]:
+    """Alternatives that meet the budget and whose predicted output lies inside the chosen one's band."""
+    band = chosen.predicted.band
+    if band is None:
+        return []
+    close = [o for o in others if o.forecast.meets(workload) and band.low <= o.forecast.output_tokens_per_s
+             <= band.high and _layout(o.plan) != _layout(chosen)]
+    if not close:
+        return []
+    o = max(close, key=lambda x: x.forecast.output_tokens_per_s)
+    return [f"A close call: {o.label} predicts {o.forecast.output_tokens_per_s:,.0f} tok/s, inside the chosen "
+            f"setup's band of {band.low:,.0f} to {band.high:,.0f}; measuring both would settle it."]
 
 
 def _refuse(machine: Machine, profile: Profile, choice: Choice, workload: Workload, c: Constants,

@@ -64,18 +64,38 @@ class EngineSettings:
 
 
 @dataclass(frozen=True)
+class Band:
+    """Where the measured output tok/s should land: the prediction scaled by the out-of-sample errors of its class."""
+
+    low: float
+    high: float
+    source: str  # the class and the cases the errors come from
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"low": round(self.low, 1), "high": round(self.high, 1), "source": self.source}
+
+
+@dataclass(frozen=True)
 class Prediction:
+    """The memory facts the planner fits, and the figures kiln's performance engine predicts for `Plan.workload`
+    (None until the engine has predicted them)."""
+
     weight_bytes_per_gpu: int
     kv_bytes_per_token: int  # one token of context, whole instance, at the chosen KV dtype
     kv_bytes_per_token_per_gpu: int
     kv_cache_bytes_per_gpu: int
     kv_cache_tokens_per_instance: int  # all its data-parallel ranks together
     max_concurrency_per_instance: float
-    decode_tokens_per_s_per_seq: float
-    batch_per_instance: int
-    output_tokens_per_s: float
+    output_tokens_per_s: float | None = None
+    tokens_per_s_per_user: float | None = None
+    ttft_ms_p90: float | None = None
+    tpot_ms_p90: float | None = None
+    band: Band | None = None
+    engine: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        def r(v: float | None, digits: int = 1) -> float | None:
+            return None if v is None else round(v, digits)
         return {
             "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
             "kv_bytes_per_token": self.kv_bytes_per_token,
@@ -83,9 +103,12 @@ class Prediction:
             "kv_cache_bytes_per_gpu": self.kv_cache_bytes_per_gpu,
             "kv_cache_tokens_per_instance": self.kv_cache_tokens_per_instance,
             "max_concurrency_per_instance": round(self.max_concurrency_per_instance, 2),
-            "decode_tokens_per_s_per_seq": round(self.decode_tokens_per_s_per_seq, 1),
-            "batch_per_instance": self.batch_per_instance,
-            "output_tokens_per_s": round(self.output_tokens_per_s, 1),
+            "output_tokens_per_s": r(self.output_tokens_per_s),
+            "tokens_per_s_per_user": r(self.tokens_per_s_per_user),
+            "ttft_ms_p90": r(self.ttft_ms_p90),
+            "tpot_ms_p90": r(self.tpot_ms_p90, 2),
+            "band": self.band.as_dict() if self.band else None,
+            "engine": self.engine,
         }
 
 
@@ -102,6 +125,7 @@ class Plan:
     explanation: tuple[str, ...]
     warnings: tuple[str, ...] = ()
     cold_start: ColdStarts | None = None  # predicted start-up, weights baked and downloaded (planner/startup.py)
+    workload: dict[str, Any] | None = None  # what `predicted`'s throughput and latency are for
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -118,9 +142,14 @@ class Plan:
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.engine.pipeline_parallel_size,
             "data_parallel_size": self.engine.data_parallel_size,
+            "enable_expert_parallel": self.engine.enable_expert_parallel,
             "max_model_len": self.engine.max_model_len,
+            "max_num_seqs": self.engine.max_num_seqs,
+            "max_num_batched_tokens": self.engine.max_num_batched_tokens,
+            "gpu_memory_utilization": self.engine.gpu_memory_utilization,
             "model": self.engine.model,
             "speculative_config": self.engine.speculative_config,
+            "workload": self.workload,
             "predicted": self.predicted.as_dict(),
             "explanation": " ".join(self.explanation),
             "explanation_lines": list(self.explanation),

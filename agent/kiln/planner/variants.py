@@ -9,6 +9,7 @@ from dataclasses import replace
 from kiln.choice.schema import Choice
 from kiln.hardware.model import Machine
 from kiln.perf.workload import Workload
+from kiln.planner.plan import MAX_CAPTURE_SIZE
 from kiln.planner.precision import precision_options
 from kiln.planner.topology import valid_tp_sizes
 from kiln.planner.types import Plan
@@ -98,5 +99,18 @@ def token_budgets(plan: Plan, workload: Workload) -> list[Plan]:
     return out
 
 
-def variants(plan: Plan, workload: Workload) -> list[Plan]:
-    return [t for d in draft_lengths(plan) for b in batch_limits(d, workload) for t in token_budgets(b, workload)]
+def _captured(plan: Plan) -> Plan:
+    """The CUDA-graph sizes follow the batch: every sequence's tokens in one step, drafts included, at most 512."""
+    e = plan.engine
+    if not e.compilation_config or "max_cudagraph_capture_size" not in e.compilation_config:
+        return plan
+    per_step = int(e.speculative_config["num_speculative_tokens"]) + 1 if e.speculative_config else 1
+    size = min(e.max_num_seqs * per_step, MAX_CAPTURE_SIZE)
+    return replace(plan, engine=replace(e, compilation_config={**e.compilation_config,
+                                                                "max_cudagraph_capture_size": size}))
+
+
+def variants(plan: Plan, workload: Workload, drafts: bool = True) -> list[Plan]:
+    """The plan's batch limits and token budgets for this workload, and with `drafts` its draft lengths."""
+    return [_captured(t) for d in (draft_lengths(plan) if drafts else [plan]) for b in batch_limits(d, workload)
+            for t in token_budgets(b, workload)]

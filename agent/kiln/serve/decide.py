@@ -19,8 +19,7 @@ from kiln.hardware.model import Machine
 from kiln.perf.predict import kiln_steps
 from kiln.perf.workload import resolve as resolve_workload
 from kiln.planner.cluster import ClusterPlan, Fleet, cpu_pipeline, plan_cluster
-from kiln.planner.plan import make_plan
-from kiln.planner.search import choose
+from kiln.planner.search import choose, make_plan, plan_of
 from kiln.planner.types import Plan, Refusal
 from kiln.profiles.schema import Profile
 from kiln.render.cluster import Node, node_argv, node_env
@@ -100,7 +99,8 @@ def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runti
         attempts.append((catalog.get(fallback), bare))
     plan: Plan | Refusal | None = None
     for n, (candidate, choice) in enumerate(attempts):
-        profile, plan = candidate, make_plan(decision.machine, candidate, choice, kiln.constants, alternatives)
+        profile, plan = candidate, make_plan(decision.machine, candidate, choice.model_copy(update={"workload": None}),
+                                             kiln.constants, alternatives)
         if isinstance(plan, Plan):
             break
         if n + 1 < len(attempts):
@@ -133,7 +133,7 @@ def _for_workload(kiln: Kiln, decision: Decision, profile: Profile, choice: Choi
         decision.problems.append(Problem("plan", "workload", f"{found.reason}; serving the plan with the most "
                                          "output instead", "; ".join(found.suggestions) or "loosen ttft_ms/tpot_ms"))
         return plan
-    return replace(found.chosen.plan, explanation=found.chosen.plan.explanation + found.explanation)
+    return plan_of(machine, profile, choice, found, workload, kiln.constants)
 
 
 def _decide_cluster(kiln: Kiln, decision: Decision, profile: Profile, member: Membership,
