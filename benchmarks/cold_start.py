@@ -18,9 +18,10 @@ from datetime import datetime
 from pathlib import Path
 
 from kiln.choice.schema import Choice
-from kiln.perf.coldstart import GIB, StartShape, predict_cold_start
+from kiln.perf.coldstart import GIB, predict_cold_start
 from kiln.planner.plan import make_plan
-from kiln.planner.types import Plan
+from kiln.setup.startup import StartShape
+from kiln.setup.types import Plan
 from kiln.wiring import Kiln
 
 DROPLETS = ["h100x1", "h100x8", "h200x1", "h200x8", "l40s", "rtx6000ada", "rtx4000ada", "b300x8"]

@@ -12,7 +12,7 @@ import time
 
 from kiln.choice.schema import Choice
 from kiln.planner.search import make_plan
-from kiln.planner.types import Plan
+from kiln.setup.types import Plan
 from kiln.wiring import Kiln
 
 MACHINES = ("h100x1", "h100x8", "h200x8", "b300x8", "l40s")

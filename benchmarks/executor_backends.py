@@ -53,9 +53,9 @@ import kiln
 from kiln.choice.schema import Choice
 from kiln.cli.output import table
 from kiln.planner.search import make_plan
-from kiln.planner.types import Plan
 from kiln.render.cluster import Node, node_argv, node_env
 from kiln.render.vllm import Runtime, vllm_args
+from kiln.setup.types import Plan
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 

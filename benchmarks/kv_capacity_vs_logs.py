@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from kiln.planner import capacity as cap
-from kiln.planner.types import Constants
+from kiln.setup import capacity as cap
+from kiln.setup.types import Constants
 from kiln.wiring import Kiln
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from benchmarks.perf_model_vs_public import WITHIN, evaluate, load_cases
-from kiln.planner.types import Constants
+from kiln.setup.types import Constants
 from kiln.wiring import Kiln
 
 GRID: dict[str, tuple[Any, ...]] = {

@@ -27,8 +27,8 @@ from kiln import datafiles
 from kiln.perf.predict import Forecast, forecast, kiln_steps
 from kiln.perf.setup import Fixed, fixed_plan, machine_of
 from kiln.perf.workload import Workload
-from kiln.planner.types import Plan
 from kiln.profiles.schema import Profile
+from kiln.setup.types import Plan
 from kiln.wiring import Kiln
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from kiln.perf.setup import Fixed, fixed_plan, machine_of
 from kiln.perf.workload import Workload
 from kiln.planner.bands import band_for
 from kiln.planner.plan import fit_plans
-from kiln.planner.types import Band, Plan, Refusal
+from kiln.setup.types import Band, Plan, Refusal
 from kiln.wiring import Kiln
 
 

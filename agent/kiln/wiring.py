@@ -29,10 +29,10 @@ from kiln.hardware.system import LiveSystem, RecordedSystem, SystemFacts
 from kiln.perf.aiconfigurator import AiConfigurator
 from kiln.perf.aiconfigurator import find as aiconfigurator_find
 from kiln.planner.cluster import Network
-from kiln.planner.types import Constants
 from kiln.profiles.catalog import Catalog, find_profile_dir, load_catalog
 from kiln.profiles.hf_config import profile_from_model_dir
 from kiln.profiles.schema import Profile
+from kiln.setup.types import Constants
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from kiln.cli.main import main
-from kiln.perf.coldstart import GIB, StartShape, predict_cold_start, predict_cold_starts
-from kiln.planner.capacity import cudagraph_capture_count, cudagraph_capture_sizes
+from kiln.perf.coldstart import GIB, predict_cold_start, predict_cold_starts
+from kiln.setup.capacity import cudagraph_capture_count, cudagraph_capture_sizes
+from kiln.setup.startup import StartShape
 from kiln.wiring import Kiln
 
 # Held-out measurements: process start to "Starting vLLM server", weights on disk, torch.compile cold, in

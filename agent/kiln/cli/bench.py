@@ -19,9 +19,9 @@ from kiln.errors import ConfigError, KilnError
 from kiln.perf.predict import forecast, kiln_steps
 from kiln.perf.workload import Workload
 from kiln.planner.search import make_plan
-from kiln.planner.types import Refusal
 from kiln.render.vllm import MODULE_VLLM, Runtime, find_vllm_python
 from kiln.serve.decide import decide
+from kiln.setup.types import Refusal
 from kiln.wiring import Kiln
 
 

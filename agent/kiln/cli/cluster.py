@@ -11,8 +11,8 @@ from kiln.cli.predict import option_dict
 from kiln.perf.predict import kiln_steps
 from kiln.perf.workload import resolve
 from kiln.planner.cluster import ClusterPlan, Fleet, plan_cluster
-from kiln.planner.types import Refusal
 from kiln.render.cluster import Node, distributed_ports, node_argv
+from kiln.setup.types import Refusal
 from kiln.wiring import Kiln
 
 HEAD_PLACEHOLDER = "HEAD_PRIVATE_IP"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.cli.output import table
-from kiln.perf.coldstart import ColdStart, ColdStarts
+from kiln.setup.startup import ColdStart, ColdStarts
 
 
 def _seconds(start: ColdStart) -> dict[str, float]:

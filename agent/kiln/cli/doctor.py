@@ -17,10 +17,10 @@ from kiln.doctor.startup_oom import check_start_oom
 from kiln.hardware.fixtures import fixture_names
 from kiln.hardware.model import Machine
 from kiln.planner.search import make_plan
-from kiln.planner.types import Plan
 from kiln.render.vllm import find_vllm_python
 from kiln.serve.caches import place_caches
 from kiln.serve.layout import ServeLayout
+from kiln.setup.types import Plan
 from kiln.wiring import Kiln
 
 EXIT_BLOCKED = 2

@@ -24,10 +24,10 @@ from kiln.cli.views import machine_dict, machine_text, plan_text, profile_row
 from kiln.errors import KilnError
 from kiln.hardware.fixtures import fixture_names
 from kiln.planner.search import Choosing, choose, make_plan, plan_of
-from kiln.planner.types import Plan, Refusal
 from kiln.profiles.catalog import find_profile_dir, validate_paths
 from kiln.render.systemd import instance_dropin
 from kiln.render.vllm import Runtime, plan_document, render_instances
+from kiln.setup.types import Plan, Refusal
 from kiln.wiring import Kiln
 
 EXIT_REFUSED = planargs.EXIT_REFUSED

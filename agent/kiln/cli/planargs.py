@@ -11,8 +11,8 @@ from kiln.choice.schema import Choice, validate_fields
 from kiln.cli.output import print_json
 from kiln.errors import KilnError
 from kiln.perf.workload import PRESETS, Workload, WorkloadSpec, resolve
-from kiln.planner.types import Refusal
 from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, Runtime
+from kiln.setup.types import Refusal
 
 EXIT_REFUSED = 2
 

@@ -19,8 +19,8 @@ from kiln.perf.workload import Workload
 from kiln.planner.bands import band_for
 from kiln.planner.explain import Option
 from kiln.planner.search import Choosing, choose, make_plan
-from kiln.planner.types import Plan, Refusal
 from kiln.profiles.schema import Profile
+from kiln.setup.types import Plan, Refusal
 from kiln.wiring import Kiln
 
 MAX_DRAFTS = 16  # drafted tokens per step kiln predicts for

@@ -8,9 +8,9 @@ from typing import Any
 from kiln.cli.coldstart_view import cold_start_table
 from kiln.cli.output import gib, table
 from kiln.hardware.model import Machine
-from kiln.planner.types import Plan
 from kiln.profiles.schema import Profile
 from kiln.render.vllm import RenderedInstance
+from kiln.setup.types import Plan
 
 
 def machine_dict(m: Machine) -> dict[str, Any]:

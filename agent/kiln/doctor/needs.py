@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from kiln.doctor.facts import Needs
-from kiln.planner.capacity import weight_bytes
-from kiln.planner.types import Plan
 from kiln.profiles.schema import Profile
+from kiln.setup.capacity import weight_bytes
+from kiln.setup.types import Plan
 
 
 def needs_of(plan: Plan, profile: Profile) -> Needs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from kiln.planner.types import Plan
+from kiln.setup.types import Plan
 
 # vLLM loads one weight format, the first a repository has (vllm/model_executor/model_loader/weight_utils.py,
 # download_weights_from_hf: "*.safetensors", then "*.bin", then "*.pt"), and skips Meta's `original/` copy.

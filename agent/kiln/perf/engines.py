@@ -20,8 +20,8 @@ from kiln.hardware.model import Machine
 from kiln.perf.aiconfigurator import SYSTEMS, AicEstimate, AicRequest
 from kiln.perf.predict import kiln_steps
 from kiln.perf.steps import Step, StepModel
-from kiln.planner.types import Constants, Plan
 from kiln.profiles.schema import Profile
+from kiln.setup.types import Constants, Plan
 
 # The grid kiln asks AIConfigurator for: it costs about a second per point on two cores.
 DECODE_BATCHES = (1, 4, 16, 64, 256, 1024)

@@ -14,8 +14,8 @@ from kiln.hardware.model import Machine
 from kiln.perf.simulate import Drafting, Limits, Load, Outcome, percentile, poisson_arrivals, simulate
 from kiln.perf.steps import Efficiency, Hardware, RooflineSteps, StepModel, speculative_tokens_per_step
 from kiln.perf.workload import Workload
-from kiln.planner.types import Constants, Plan
 from kiln.profiles.schema import Profile
+from kiln.setup.types import Constants, Plan
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kiln.hardware.model import Gpu, GpuSpec, Host, Machine
-from kiln.planner import capacity as cap
-from kiln.planner.plan import MAX_CAPTURE_SIZE
-from kiln.planner.types import Constants, EngineSettings, InstancePlan, Plan, Prediction
 from kiln.profiles.schema import Profile
+from kiln.setup import capacity as cap
+from kiln.setup.capacity import MAX_CAPTURE_SIZE
+from kiln.setup.types import Constants, EngineSettings, InstancePlan, Plan, Prediction
 
 GIB = 2**30
 

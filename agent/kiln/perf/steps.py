@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from kiln.planner import capacity as cap
 from kiln.profiles.schema import Profile
+from kiln.setup import capacity as cap
 
 
 @dataclass(frozen=True)

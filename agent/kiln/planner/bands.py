@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.perf.workload import Workload
-from kiln.planner.types import Band, Constants, Plan
 from kiln.profiles.schema import Profile
+from kiln.setup.types import Band, Constants, Plan
 
 MIN_CASES = 5  # a class with fewer cases borrows a coarser class's band
 LOW_LOAD = 16  # requests per scheduler at or below which a case is "low" load: decode latency dominates

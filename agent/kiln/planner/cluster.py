@@ -18,13 +18,13 @@ from kiln.hardware.model import Gpu, Machine
 from kiln.perf.predict import Forecast, forecast
 from kiln.perf.steps import PipelineSteps, RooflineSteps, StepModel
 from kiln.perf.workload import Workload
-from kiln.planner import capacity as cap
 from kiln.planner.explain import Option, explain
 from kiln.planner.plan import Context, fit_plans
 from kiln.planner.precision import precision_options
 from kiln.planner.search import Choosing, choose, make_plan, plan_of
-from kiln.planner.types import Constants, InstancePlan, Plan, Refusal
 from kiln.profiles.schema import Profile
+from kiln.setup import capacity as cap
+from kiln.setup.types import Constants, InstancePlan, Plan, Refusal
 
 GIB = 2**30
 MAX_NODES = 16

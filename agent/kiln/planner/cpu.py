@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from kiln.choice.schema import Choice
 from kiln.hardware.model import Machine
-from kiln.planner import capacity as cap
-from kiln.planner.types import Constants, EngineSettings, InstancePlan, Plan, Prediction, Refusal
 from kiln.profiles.schema import Profile
+from kiln.setup import capacity as cap
+from kiln.setup.types import Constants, EngineSettings, InstancePlan, Plan, Prediction, Refusal
 
 
 def make_cpu_plan(machine: Machine, profile: Profile, choice: Choice, c: Constants) -> Plan | Refusal:

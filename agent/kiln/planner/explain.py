@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from kiln.perf.predict import Forecast
 from kiln.perf.workload import Workload
-from kiln.planner.types import Plan
+from kiln.setup.types import Plan
 
 SHOWN = 6  # the setups an explanation names; the rest are counted
 

@@ -8,15 +8,14 @@ from typing import Any
 
 from kiln.choice.schema import Choice
 from kiln.hardware.model import Architecture, Machine
-from kiln.planner import capacity as cap
 from kiln.planner.cpu import make_cpu_plan
 from kiln.planner.precision import NATIVE_FP8, PrecisionOption, forced_option, precision_options
 from kiln.planner.topology import gpu_groups, group_numa, tp_problem, valid_tp_sizes
-from kiln.planner.types import Constants, EngineSettings, InstancePlan, Plan, Prediction, Refusal
 from kiln.profiles.schema import Profile, Speculative
+from kiln.setup import capacity as cap
+from kiln.setup.types import Constants, EngineSettings, InstancePlan, Plan, Prediction, Refusal
 
 GIB = 2**30
-MAX_CAPTURE_SIZE = 512
 
 
 def _gb(n: float) -> str:
@@ -94,7 +93,7 @@ def _kv_dtype(ctx: Context) -> str:
 
 def _capture_size(max_num_seqs: int, tokens_per_step: int) -> int:
     """Largest CUDA-graph batch: every sequence's tokens in one step (drafts included), at most 512."""
-    return min(max_num_seqs * tokens_per_step, MAX_CAPTURE_SIZE)
+    return min(max_num_seqs * tokens_per_step, cap.MAX_CAPTURE_SIZE)
 
 
 def _pow2_floor(n: float) -> int:

@@ -16,9 +16,9 @@ from kiln.planner.explain import Option, explain
 from kiln.planner.plan import describe, fit_plans
 from kiln.planner.startup import with_cold_start
 from kiln.planner.topology import valid_tp_sizes
-from kiln.planner.types import Constants, Plan, Refusal
 from kiln.planner.variants import choices, variants
 from kiln.profiles.schema import Profile
+from kiln.setup.types import Constants, Plan, Refusal
 
 StepsFor = Callable[[Plan], StepModel]
 LOOSER = 1.05  # a suggested budget leaves this margin over the closest setup's prediction

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kiln.perf.coldstart import ColdStarts, StartShape, predict_cold_starts
-from kiln.planner.capacity import cudagraph_capture_count, weight_bytes
-from kiln.planner.types import Constants, Plan
+from kiln.perf.coldstart import predict_cold_starts
 from kiln.profiles.schema import Profile
+from kiln.setup.capacity import cudagraph_capture_count, weight_bytes
+from kiln.setup.startup import ColdStarts, StartShape
+from kiln.setup.types import Constants, Plan
 
 GBIT_PER_GIB = 8 * (1 << 30) / 1e9
 

@@ -9,11 +9,11 @@ from dataclasses import replace
 from kiln.choice.schema import Choice
 from kiln.hardware.model import Machine
 from kiln.perf.workload import Workload
-from kiln.planner.plan import MAX_CAPTURE_SIZE
 from kiln.planner.precision import precision_options
 from kiln.planner.topology import valid_tp_sizes
-from kiln.planner.types import Plan
 from kiln.profiles.schema import Profile
+from kiln.setup.capacity import MAX_CAPTURE_SIZE
+from kiln.setup.types import Plan
 
 SMALLEST_BATCH_LIMIT, BATCH_LIMIT_VARIANTS = 16, 3
 MAX_DRAFT_TOKENS = 4  # drafts beyond the profile's own are tried up to this many

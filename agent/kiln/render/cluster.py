@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.planner.types import Plan
 from kiln.render.vllm import Runtime, instance_env, vllm_args
+from kiln.setup.types import Plan
 
 MASTER_PORT = 29500  # torch.distributed's conventional rendezvous port
 DP_RPC_PORT = 13345  # the port vLLM's data-parallel recipes use for the head's coordinator

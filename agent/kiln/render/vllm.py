@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kiln.planner.types import InstancePlan, Plan
+from kiln.setup.types import InstancePlan, Plan
 
 IMAGE_VLLM = ("/opt/kiln/vllm/bin/vllm", "serve")
 IMAGE_VLLM_PYTHON = "/opt/kiln/vllm/bin/python"

@@ -20,10 +20,10 @@ from kiln.perf.predict import kiln_steps
 from kiln.perf.workload import resolve as resolve_workload
 from kiln.planner.cluster import ClusterPlan, Fleet, cpu_pipeline, plan_cluster
 from kiln.planner.search import choose, make_plan, plan_of
-from kiln.planner.types import Plan, Refusal
 from kiln.profiles.schema import Profile
 from kiln.render.cluster import Node, node_argv, node_env
 from kiln.render.vllm import RenderedInstance, Runtime, plan_document, render_instances
+from kiln.setup.types import Plan, Refusal
 from kiln.wiring import Kiln
 
 # Choice fields that override the planner; without them a profile gets the planner's own settings.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.perf.coldstart import ColdStarts
+from kiln.setup.startup import ColdStarts
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kiln.planner.types import Constants
 from kiln.profiles.schema import Architecture as ModelArch
 from kiln.profiles.schema import Profile
+from kiln.setup.types import Constants
 
 # Bytes per parameter of quantized linear weights, scales included:
 # FP8: 1 byte; NVFP4: 4 bits + one FP8 scale per 16 values; MXFP4: 4 bits + one E8M0 scale per 32;
@@ -23,6 +23,9 @@ KV_DTYPE_BYTES = {"auto": 2, "fp8": 1, "bf16": 2}
 # DeepSeek sparse MLA with an FP8 cache stores 656 bytes per token and layer: 512 FP8 latent values,
 # 4 float32 scales and 64 bf16 RoPE values (vLLM's fp8_ds_mla layout).
 FP8_DS_MLA_BYTES = 656
+
+# vLLM's default ceiling on the batch sizes it captures as CUDA graphs (1,024 on Blackwell is not used).
+MAX_CAPTURE_SIZE = 512
 
 
 def embedding_params(arch: ModelArch) -> int:
