@@ -21,9 +21,9 @@ from tests.netns import ADDRESSES, LINKS, NAMESPACES, can_make_namespaces, in_na
 import kiln
 from kiln.choice.schema import Choice
 from kiln.planner.search import make_plan
-from kiln.planner.types import Plan
 from kiln.render.cluster import DP_RPC_PORT, Node, node_argv, node_env
 from kiln.render.vllm import Runtime
+from kiln.setup.types import Plan
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 

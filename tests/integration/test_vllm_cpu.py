@@ -15,8 +15,8 @@ import requests
 
 from kiln.choice.schema import Choice
 from kiln.planner.search import make_plan
-from kiln.planner.types import Plan
 from kiln.render.vllm import MODULE_VLLM, Runtime, render_instances
+from kiln.setup.types import Plan
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 

@@ -8,10 +8,10 @@ from kiln.choice.schema import Choice
 from kiln.hardware.disks import Mount, choose_cache_disk, mount_of, parse_mountinfo, scratch_candidates
 from kiln.hardware.system import LiveSystem, hub_cache, repo_folder
 from kiln.planner.search import make_plan
-from kiln.planner.types import Plan
 from kiln.render.systemd import instance_dropin
 from kiln.render.vllm import Runtime, render_instances
 from kiln.serve.caches import place_caches
+from kiln.setup.types import Plan
 from kiln.wiring import Kiln
 
 TiB, GiB = 2**40, 2**30

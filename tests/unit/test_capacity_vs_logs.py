@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from benchmarks.kv_capacity_vs_logs import Row, compare_all, summarize
 
-from kiln.planner.types import Constants
+from kiln.setup.types import Constants
 from kiln.wiring import Kiln
 
 # Share of the logs whose KV capacity kiln predicts within ±10% with its non-torch constants refitted without

@@ -18,9 +18,9 @@ from kiln.perf.predict import kiln_steps
 from kiln.perf.workload import resolve
 from kiln.planner.cluster import ClusterPlan, Fleet, plan_cluster
 from kiln.planner.search import make_plan
-from kiln.planner.types import Plan, Refusal
 from kiln.render.cluster import DP_RPC_PORT, MASTER_PORT, Node, distributed_ports, node_argv, node_env
 from kiln.render.vllm import IMAGE_VLLM, Runtime
+from kiln.setup.types import Plan, Refusal
 from kiln.wiring import Kiln
 
 KILN = str(Path(sys.executable).parent / "kiln")

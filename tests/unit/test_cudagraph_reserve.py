@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.planner import capacity as cap
-from kiln.planner.types import Constants
+from kiln.setup import capacity as cap
+from kiln.setup.types import Constants
 from kiln.wiring import Kiln
 
 MIB, GIB = 2**20, 2**30

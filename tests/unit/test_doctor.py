@@ -31,7 +31,7 @@ from kiln.doctor.report import FAIL, PASS, SKIP, WARN, Report
 from kiln.hardware.fixtures import RecordedNvml, load_fixture
 from kiln.hardware.system import LiveSystem, SystemFacts, hub_cache, repo_folder
 from kiln.planner.search import make_plan
-from kiln.planner.types import Plan
+from kiln.setup.types import Plan
 from kiln.wiring import Kiln
 
 FAILING = DATA / "doctor"

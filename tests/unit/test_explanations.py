@@ -10,7 +10,7 @@ import pytest
 from kiln.choice.schema import Choice
 from kiln.planner.plan import fit_plans
 from kiln.planner.search import make_plan
-from kiln.planner.types import Plan, Refusal
+from kiln.setup.types import Plan, Refusal
 from kiln.wiring import Kiln
 
 GIB = 2**30

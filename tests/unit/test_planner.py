@@ -12,7 +12,7 @@ from kiln.hardware.detect import detect_recorded
 from kiln.hardware.fixtures import load_fixture
 from kiln.hardware.model import Architecture
 from kiln.planner.search import make_plan
-from kiln.planner.types import Plan, Refusal
+from kiln.setup.types import Plan, Refusal
 from kiln.wiring import Kiln
 
 GPU_FIXTURES = ["h100x1", "h100x8", "h200x1", "h200x8", "l40s", "rtx4000ada", "rtx6000ada", "b300x8"]

@@ -17,9 +17,9 @@ from kiln.perf.predict import forecast, kiln_steps
 from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, WorkloadSpec, resolve
 from kiln.planner.plan import fit_plans
 from kiln.planner.search import OUTPUT_TIE, Choosing, choose
-from kiln.planner.types import Refusal
 from kiln.render.vllm import Runtime
 from kiln.serve.decide import decide
+from kiln.setup.types import Refusal
 from kiln.wiring import Kiln
 
 KILN = str(Path(sys.executable).parent / "kiln")

@@ -15,9 +15,9 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from kiln.choice.schema import Choice
 from kiln.planner.search import make_plan
-from kiln.planner.types import Plan
 from kiln.render.systemd import dropin_path, instance_dropin, instance_unit_name, quote
 from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime, image_vllm_command, render_instances, vllm_python
+from kiln.setup.types import Plan
 from kiln.wiring import Kiln
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from kiln.choice.schema import Choice
 from kiln.planner.search import make_plan
-from kiln.planner.types import Plan
 from kiln.render.systemd import TARGET, VLLM_TEMPLATE, dropin_path, instance_dropin, instance_unit_name, unit_files
 from kiln.render.vllm import RenderedInstance, Runtime, render_instances
+from kiln.setup.types import Plan
 from kiln.wiring import Kiln
 
 KILN_BIN = "/opt/kiln/venv/bin/kiln"
