@@ -38,7 +38,8 @@ def expert_params(arch: ModelArch) -> int:
     """Parameters in routed experts (gate, up and down projections of every expert of every layer)."""
     if arch.moe is None or arch.moe.moe_intermediate_size is None:
         return 0
-    return arch.num_layers * arch.moe.num_experts * 3 * arch.hidden_size * arch.moe.moe_intermediate_size
+    layers = arch.moe.layers or arch.num_layers
+    return layers * arch.moe.num_experts * 3 * arch.hidden_size * arch.moe.moe_intermediate_size
 
 
 def weight_bytes(profile: Profile, precision: str) -> int:
@@ -109,13 +110,44 @@ class KvLayout:
     full_layers: int
     sliding_layers: int
     sliding_window: int
+    state_layers: int = 0  # linear-attention layers: a fixed state per sequence, no per-token K/V
+    state_bytes_per_layer_per_gpu: int = 0  # one such layer's state for one sequence
+
+
+# Pages of each linear-attention layer a request holds: vLLM turns prefix caching on by default and then keeps
+# its Mamba-style states in "align" mode, 2 pages per request (vllm/model_executor/models/config.py
+# MambaModelConfig; vllm/v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes).
+STATE_PAGES_PER_REQUEST = 2
+# The attention kernels' block granularity vLLM rounds a hybrid model's block size to
+# (vllm/platforms/interface.py _align_hybrid_block_size).
+KERNEL_BLOCK = 16
+
+
+def linear_state_bytes(arch: ModelArch, tp: int) -> int:
+    """One Gated DeltaNet layer's state for one sequence on one GPU, as vLLM allocates it
+    (vllm/model_executor/layers/mamba/mamba_utils.py gated_delta_net_state_shape): a conv state of
+    (kernel - 1) x conv_dim in bf16, conv_dim = 2 x key heads x key dim + value heads x value dim, and a recurrent
+    state of value heads x value dim x key dim in the config's mamba_ssm_dtype; both split tp ways."""
+    lin = arch.linear_attention
+    if lin is None:
+        return 0
+    conv_dim = 2 * lin.num_key_heads * lin.key_head_dim + lin.num_value_heads * lin.value_head_dim
+    conv = conv_dim // tp * (lin.conv_kernel - 1) * 2
+    recurrent = lin.num_value_heads // tp * lin.value_head_dim * lin.key_head_dim * lin.state_dtype_bytes
+    return conv + recurrent
 
 
 def kv_layout(arch: ModelArch, tp: int, kv_dtype: str) -> KvLayout:
+    """Per-token cache bytes as vLLM lays them out (vllm/v1/kv_cache_interface.py):
+    full attention (FullAttentionSpec): 2 (K and V) x KV heads on this GPU x head_dim x dtype bytes per layer;
+    MLA (MLAAttentionSpec): one latent of kv_lora_rank + qk_rope_head_dim per layer, the same on every TP rank;
+    DeepSeek sparse attention adds the indexer's FP8 key (index_head_dim + a 4-byte scale per 128 values);
+    linear-attention layers keep no per-token bytes, only their per-sequence state."""
     elem = KV_DTYPE_BYTES.get(kv_dtype, 1)
     sliding = arch.sliding_window.layers if arch.sliding_window else 0
     window = arch.sliding_window.window if arch.sliding_window else 0
-    full = arch.num_layers - sliding
+    linear = arch.linear_attention.layers if arch.linear_attention else 0
+    full = arch.num_layers - sliding - linear
     if arch.mla is not None:
         # MLA caches one latent vector per token and layer, replicated on every TP rank.
         per_layer = (FP8_DS_MLA_BYTES if elem == 1 else
@@ -126,7 +158,8 @@ def kv_layout(arch: ModelArch, tp: int, kv_dtype: str) -> KvLayout:
     heads_per_gpu = max(arch.num_kv_heads // tp, 1)  # KV heads replicate when tp > num_kv_heads
     per_layer_gpu = 2 * heads_per_gpu * arch.head_dim * elem
     per_layer_instance = 2 * arch.num_kv_heads * arch.head_dim * elem
-    return KvLayout(per_layer_gpu * full, per_layer_instance * full, full, sliding, window)
+    return KvLayout(per_layer_gpu * full, per_layer_instance * full, full, sliding, window,
+                    linear, linear_state_bytes(arch, tp))
 
 
 def overhead_bytes_per_gpu(profile: Profile, tp: int, max_num_seqs: int, max_num_batched_tokens: int,
@@ -162,6 +195,8 @@ def kv_cache_tokens(kv_bytes_per_gpu: int, layout: KvLayout, max_model_len: int,
     """
     if kv_bytes_per_gpu <= 0 or layout.bytes_per_token_per_gpu <= 0:
         return 0, 0.0
+    if layout.state_layers:
+        return _hybrid_state_tokens(kv_bytes_per_gpu, layout, max_model_len, block_size)
     if layout.sliding_layers and layout.full_layers:
         group = min(layout.full_layers, layout.sliding_layers)
         if max(layout.full_layers, layout.sliding_layers) % group:
@@ -177,6 +212,25 @@ def kv_cache_tokens(kv_bytes_per_gpu: int, layout: KvLayout, max_model_len: int,
     else:
         blocks = kv_bytes_per_gpu // (layout.bytes_per_token_per_gpu * block_size)
         per_request = math.ceil(max_model_len / block_size)
+    concurrency = blocks / per_request
+    return int(concurrency * max_model_len), concurrency
+
+
+def _hybrid_state_tokens(kv_bytes_per_gpu: int, layout: KvLayout, max_model_len: int,
+                         block_size: int) -> tuple[int, float]:
+    """Full-attention layers beside linear-attention layers (vLLM's hybrid KV-cache manager): the attention block
+    grows until one layer's page holds a linear layer's state, every page is that size, and layers form groups of
+    equal size; a request takes ceil(len / block) pages per full group and a fixed few per linear group."""
+    per_layer_token = layout.bytes_per_token_per_gpu // layout.full_layers
+    block = max(block_size, KERNEL_BLOCK * -(-layout.state_bytes_per_layer_per_gpu // (KERNEL_BLOCK * per_layer_token)))
+    page = block * per_layer_token
+    # Group size (vllm/v1/core/kv_cache_utils.py, layers of each kind split into equal groups, the last padded):
+    # the smaller count, or the larger when it is under 1.5 times the smaller.
+    small, large = sorted((layout.full_layers, layout.state_layers))
+    group = large if large < small * 1.5 else small
+    blocks = kv_bytes_per_gpu // (page * group)
+    per_request = (math.ceil(layout.full_layers / group) * math.ceil(max_model_len / block)
+                   + math.ceil(layout.state_layers / group) * STATE_PAGES_PER_REQUEST)
     concurrency = blocks / per_request
     return int(concurrency * max_model_len), concurrency
 
