@@ -188,7 +188,8 @@ def test_kimi_k2_5_nested_mla_int4_experts() -> None:
     assert a.params_total == total == 1_026_408_084_480
     # compressed-tensors: routed experts int4 in groups of 32 with a bf16 scale (symmetric); attention, shared
     # experts and the dense MLP are in its ignore list and stay bf16.
-    assert weight_bytes(p, "int4") == int(2 * embeddings + experts * (0.5 + 2 / 32) + 2 * (total - embeddings - experts))
+    rest = total - embeddings - experts
+    assert weight_bytes(p, "int4") == int(2 * embeddings + experts * (0.5 + 2 / 32) + 2 * rest)
     assert p.serving.tool_call_parser == "kimi_k2" and p.serving.reasoning_parser == "kimi_k2"
 
 

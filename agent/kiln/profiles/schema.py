@@ -97,7 +97,7 @@ class Architecture(Strict):
     sliding_window: SlidingWindow | None = None
     sparse_attention: SparseAttention | None = None
     linear_attention: LinearAttention | None = None
-    mtp_layers: int = Field(default=0, ge=0)  # the checkpoint's multi-token-prediction layers (num_nextn_predict_layers)
+    mtp_layers: int = Field(default=0, ge=0)  # multi-token-prediction layers (num_nextn_predict_layers)
 
     @model_validator(mode="after")
     def _consistent(self) -> Architecture:
