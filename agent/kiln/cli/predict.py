@@ -125,7 +125,7 @@ def forecast_text(plan: Plan, workload: Workload, f: Forecast) -> str:
 
 def cmd_predict(kiln: Kiln, args: argparse.Namespace) -> int:
     machine = kiln.machine(args.machine)
-    profile = kiln.profile(args.profile, args.model)
+    profile = kiln.profile(args.profile, args.model, revision=getattr(args, "revision", None))
     workload = planargs.workload_from(args)
     plan = make_plan(machine, profile, planargs.plan_choice(args), kiln.constants)
     if isinstance(plan, Refusal):
