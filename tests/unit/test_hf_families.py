@@ -105,8 +105,11 @@ def test_hybrid_capacity_uses_vllm_block_alignment() -> None:
     assert kv_cache_tokens(kv_bytes, layout, 262144, 16, 8192) == (int(concurrency * 262144), concurrency)
 
 
-def test_mixtral_moe() -> None:
-    a = read("mistralai/Mixtral-8x7B-v0.1").architecture
+def test_mixtral_moe_without_a_recipe_gets_safe_defaults() -> None:
+    p = read("mistralai/Mixtral-8x7B-v0.1")
+    assert (p.serving.tool_call_parser, p.serving.reasoning_parser, p.speculative) == (None, None, ())
+    assert "no vLLM recipe" in p.description
+    a = p.architecture
     assert a.moe is not None and (a.moe.num_experts, a.moe.experts_per_token) == (8, 2)
     assert kv_layout(a, 1, "auto").bytes_per_token_instance == 32 * 2 * 8 * 128 * 2
     layer = 4096 * 32 * 128 * 2 + 2 * 4096 * 8 * 128 + 8 * 3 * 4096 * 14336 + 4096 * 8 + 2 * 4096

@@ -74,6 +74,7 @@ def test_plan_command_names_a_hub_model(hub: Hub, capsys: pytest.CaptureFixture[
     plan = json.loads(capsys.readouterr().out)
     argv = plan["instances"][0]["argv"]
     assert parse(argv).model == "moonshotai/Kimi-K2.5" and "--trust-remote-code" in argv
+    assert "recipes/blob/main/models/moonshotai/Kimi-K2.5.yaml" in plan["model_settings"]
     assert not weights_fetched(hub)
 
 

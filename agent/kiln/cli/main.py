@@ -183,9 +183,13 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
             data["predicted_for_workload"] = choosing.chosen.forecast.as_dict()
             data["alternatives"] = [predict.option_dict(o) for o in choosing.alternatives]
             data["workload_explanation"] = list(choosing.explanation)
+        if args.model:
+            data["model_settings"] = profile.description
         print_json(data)
     else:
         print(plan_text(plan, rendered))
+        if args.model:  # no catalog profile: where its parsers and speculator came from
+            print(f"\nSettings: {profile.description}")
         if choosing is not None:
             print("\nFor the workload\n" + "\n".join(f"  - {line}" for line in choosing.explanation))
     return 0

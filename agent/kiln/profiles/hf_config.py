@@ -370,7 +370,7 @@ def profile_from_files(files: ModelFiles) -> Profile:
             checkpoint["weight_bytes"] = int(weight)
         data: dict[str, Any] = {
             "name": normalize_name(files.hf_id.rstrip("/").split("/")[-1]) or "model",
-            "description": f"{family.label}: {files.where}",
+            "description": f"{family.label} read from {files.where}'s config.json; {origin}",
             "model": {"hf_id": files.hf_id, "revision": files.revision},
             "architecture": arch,
             "checkpoints": {precision: checkpoint},
@@ -412,7 +412,8 @@ def read_model_dir(model_dir: Path, hf_id: str | None = None, revision: str = "m
     total = (index.get("metadata") or {}).get("total_size")
     files = list(model_dir.glob("*.safetensors"))
     return ModelFiles(
-        where=hf_id or str(model_dir), config=raw, hf_id=hf_id or str(model_dir), revision=revision, local=local,
+        where=hf_id or str(model_dir), config=raw, hf_id=hf_id or str(model_dir.resolve()), revision=revision,
+        local=local,
         hf_quant=optional("hf_quant_config.json"),
         index_total_bytes=int(total) if isinstance(total, int) and total > 0 else None,
         safetensors_bytes=sum(f.stat().st_size for f in files) or None,
