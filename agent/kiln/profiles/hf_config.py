@@ -18,7 +18,7 @@ from typing import Any
 
 from kiln import datafiles
 from kiln.errors import ConfigError
-from kiln.profiles.catalog import normalize_name
+from kiln.profiles.names import normalize_name
 from kiln.profiles.schema import Precision, Profile
 from kiln.validation import validate
 

@@ -1,0 +1,48 @@
+"""The catalog's late-2026 entries: their architecture is read from the published config.json shipped beside them
+(profiles/configs/), and each plans on the 8-GPU machines or is refused with the machine that fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.choice.schema import Choice
+from kiln.planner.capacity import kv_layout
+from kiln.planner.plan import make_plan
+from kiln.planner.types import Plan, Refusal
+from kiln.wiring import Kiln
+
+READ_FROM_CONFIG = {  # profile: (layers, KV bytes per token in bf16 for the whole instance)
+    "minimax-m2.5": (62, 62 * 2 * 8 * 128 * 2),
+    "qwen3.5-397b-a17b": (60, 15 * 2 * 2 * 256 * 2),  # one layer in four keeps K/V
+    "kimi-k2.5": (61, 61 * (512 + 64) * 2),  # MLA latent
+    "qwen3-235b-a22b-instruct-2507": (94, 94 * 2 * 4 * 128 * 2),
+    "glm-4.7": (92, 92 * 2 * 8 * 128 * 2),
+    "llama-4-scout-17b-16e-instruct": (48, 48 * 2 * 8 * 128 * 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(READ_FROM_CONFIG))
+def test_architecture_is_read_from_the_shipped_config(kiln: Kiln, name: str) -> None:
+    profile = kiln.catalog().get(name)
+    layers, kv = READ_FROM_CONFIG[name]
+    assert profile.architecture.num_layers == layers
+    assert kv_layout(profile.architecture, 1, "auto").bytes_per_token_instance == kv
+    assert any(s.startswith("https://github.com/vllm-project/recipes/") for s in profile.sources)
+
+
+@pytest.mark.parametrize("name", sorted(READ_FROM_CONFIG))
+def test_plans_on_b300x8_with_the_nvfp4_checkpoint(kiln: Kiln, name: str) -> None:
+    profile = kiln.catalog().get(name)
+    plan = make_plan(kiln.machine("b300x8"), profile, Choice(), kiln.constants)
+    assert isinstance(plan, Plan), plan
+    assert plan.quantization == "nvfp4" and plan.engine.model == profile.checkpoints["nvfp4"].hf_id
+
+
+def test_kimi_k2_5_is_refused_on_h100x8_naming_the_machine_that_fits(kiln: Kiln) -> None:
+    alternatives = sorted(kiln.fixtures(), key=lambda m: sum(g.memory_bytes for g in m.gpus))
+    refused = make_plan(kiln.machine("h100x8"), kiln.catalog().get("kimi-k2.5"), Choice(), kiln.constants,
+                        alternatives)
+    assert isinstance(refused, Refusal)
+    assert any("h200x8" in s for s in refused.suggestions)
+    on_h200 = make_plan(kiln.machine("h200x8"), kiln.catalog().get("kimi-k2.5"), Choice(), kiln.constants)
+    assert isinstance(on_h200, Plan) and on_h200.quantization == "int4"
