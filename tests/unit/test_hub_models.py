@@ -34,9 +34,10 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
     for folder in sorted(HUB_DATA.glob("*/*")):
         repo = f"{folder.parent.name}/{folder.name}"
         files = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "SOURCE"}
-        repos[repo] = Repo({**files, "model-00001-of-00001.safetensors": WEIGHTS, "tokenizer_config.json":
-                            json.dumps({"chat_template": "{{ messages }}"}).encode()},
-                           gated=repo == GATED, readers={TOKEN})
+        files["tokenizer_config.json"] = json.dumps({"chat_template": "{{ messages }}"}).encode()
+        if repo in (GATED, UNKNOWN):  # weights that must not be fetched; elsewhere no stand-in weights, whose
+            files["model-00001-of-00001.safetensors"] = WEIGHTS  # listed size would be taken for the checkpoint's
+        repos[repo] = Repo(files, gated=repo == GATED, readers={TOKEN})
     repos[UNKNOWN] = Repo({"config.json": b'{"architectures": ["RwkvForCausalLM"], "model_type": "rwkv"}',
                            "model.safetensors": WEIGHTS})
     with serve(Hub(repos)) as running:
@@ -60,6 +61,8 @@ def test_user_data_model_is_read_from_the_hub_planned_and_rendered(hub: Hub, kil
     assert decision.failure is None and decision.plan is not None and decision.profile is not None, decision.problems
     assert decision.profile.name == "qwen3-235b-a22b-fp8" and not decision.problems
     assert decision.plan.engine.model == "Qwen/Qwen3-235B-A22B-FP8" and decision.plan.quantization == "fp8"
+    # No index or weight file listed: the weights are counted from the config (235B parameters, FP8).
+    assert decision.plan.predicted.weight_bytes_per_gpu * decision.plan.tensor_parallel_size > 230e9
     for instance in decision.rendered:
         args = parse(list(instance.argv))
         assert args.model == "Qwen/Qwen3-235B-A22B-FP8" and args.revision in (None, "main")  # main is the default
