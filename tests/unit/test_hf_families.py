@@ -11,6 +11,7 @@ head in bf16.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -210,3 +211,21 @@ def test_an_architecture_kiln_cannot_size_is_refused(tmp_path: Path) -> None:
     assert "Qwen3.5" in raised.value.fix and "DeepSeek" in raised.value.fix
     with pytest.raises(ConfigError, match="compress"):
         read("deepseek-ai/DeepSeek-V4-Flash")
+
+
+def test_gemma_3_reads_its_sliding_layers_and_transformers_defaults(tmp_path: Path) -> None:
+    """No citable copy of google/gemma-3-27b-it's config.json was found; this is its text model as NVIDIA's
+    TensorRT-LLM tests quote it (tests/unittest/_torch/modeling/test_modeling_gemma3.py, GEMMA3_27B_TEXT), which
+    leaves vocab_size, max_position_embeddings and the 1-in-6 pattern to transformers' Gemma3TextConfig defaults."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3ForCausalLM"], "head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
+        "model_type": "gemma3_text", "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
+        "query_pre_attn_scalar": 168, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024, "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0"}))
+    a = profile_from_model_dir(tmp_path).architecture
+    # Layer i slides unless (i + 1) % 6 == 0: 10 full layers, 52 sliding over 1024 tokens.
+    assert a.sliding_window is not None and (a.sliding_window.layers, a.sliding_window.window) == (52, 1024)
+    assert kv_layout(a, 1, "auto").bytes_per_token_instance == 10 * 2 * 16 * 128 * 2 == 81_920
+    assert (a.vocab_size, a.max_position_embeddings, a.tie_word_embeddings) == (262208, 131072, True)
+    layer = 5376 * 32 * 128 + 2 * 5376 * 16 * 128 + 32 * 128 * 5376 + 3 * 5376 * 21504 + 2 * 5376
+    assert a.params_total == 262208 * 5376 + 62 * layer + 5376  # about 27B: the text model, embeddings tied

@@ -99,6 +99,7 @@ def with_architecture_from_config(data: dict[str, Any], config: Path, where: str
     quant_file = config.with_name(config.name.replace("config.json", "hf_quant_config.json"))  # ModelOpt's, beside it
     hf_quant = json.loads(quant_file.read_text(encoding="utf-8")) if quant_file.is_file() else None
     family = hf_config.family_of(raw, where)
+    raw = family.filled(raw)
     try:
         params = hf_config.count_params(raw, family.key)
         architecture = hf_config.read_architecture(raw, family, params)

@@ -56,6 +56,15 @@ class Family:
     label: str
     recipe: str | None
     serving: Mapping[str, Any]
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # what the family's configs leave to transformers
+
+    def filled(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """The config with the family's defaults where it leaves a field out."""
+        if not self.defaults:
+            return dict(raw)
+        if isinstance(raw.get("text_config"), Mapping):
+            return {**raw, "text_config": {**self.defaults, **raw["text_config"]}}
+        return {**self.defaults, **raw}
 
 
 def _families() -> tuple[dict[str, Family], dict[str, Family], dict[str, str]]:
@@ -63,7 +72,8 @@ def _families() -> tuple[dict[str, Family], dict[str, Family], dict[str, str]]:
     by_arch: dict[str, Family] = {}
     by_type: dict[str, Family] = {}
     for key, entry in data["families"].items():
-        family = Family(key, entry["label"], entry.get("recipe"), entry.get("serving") or {})
+        family = Family(key, entry["label"], entry.get("recipe"), entry.get("serving") or {},
+                        entry.get("defaults") or {})
         for arch in entry["architectures"]:
             by_arch[arch] = family
         for model_type in entry.get("model_types") or ():
@@ -350,9 +360,9 @@ def serving_for(family: Family, mtp_layers: int, mtp_params: int) -> tuple[dict[
 
 def profile_from_files(files: ModelFiles) -> Profile:
     """A profile from a model's config files: the architecture read, the family's serving settings."""
-    raw = files.config
     where = files.where
-    family = family_of(raw, where)
+    family = family_of(files.config, where)
+    raw = family.filled(files.config)
     try:
         params = count_params(raw, family.key)
         quant = raw.get("quantization_config") or text_config(raw).get("quantization_config")
