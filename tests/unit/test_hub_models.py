@@ -108,3 +108,10 @@ def test_a_refused_hub_model_falls_back_with_the_reason(hub: Hub, kiln: Kiln, tm
     decision = decide(kiln, "h100x1", resolved, Runtime(hf_home=str(tmp_path)))
     assert decision.profile is not None and decision.profile.name == "qwen3-8b"
     assert any("gated" in p.what and p.field == "model" for p in decision.problems)
+
+
+def test_models_bake_names_a_hub_model(hub: Hub, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "bake", "--model", "Qwen/Qwen3-32B", "--machine", "h100x8", "--state-dir", str(tmp_path),
+                 "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["profiles"] == ["Qwen/Qwen3-32B"] and shown["repos"][0]["repo"] == "Qwen/Qwen3-32B"

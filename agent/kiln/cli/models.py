@@ -127,7 +127,8 @@ def bake_profile(kiln: Kiln, name: str, machine: str | None, layout: ServeLayout
 
 def cmd_models(kiln: Kiln, args: argparse.Namespace) -> int:
     layout = ServeLayout(state_dir=args.state_dir)
-    hub = HubClient(hub_cache(layout.hf_home), os.environ.get("HF_TOKEN") or None)
+    hub = HubClient(hub_cache(layout.hf_home), os.environ.get("HF_TOKEN") or None,
+                    endpoint=os.environ.get("HF_ENDPOINT") or None)
     path = layout.state_dir / MANIFEST
     machine_name = kiln.machine(args.machine).name
     manifest = read_manifest(path) or Manifest(machine_name)
