@@ -46,3 +46,24 @@ def test_kimi_k2_5_is_refused_on_h100x8_naming_the_machine_that_fits(kiln: Kiln)
     assert any("h200x8" in s for s in refused.suggestions)
     on_h200 = make_plan(kiln.machine("h200x8"), kiln.catalog().get("kimi-k2.5"), Choice(), kiln.constants)
     assert isinstance(on_h200, Plan) and on_h200.quantization == "int4"
+
+
+def test_deepseek_v4_profiles_read_their_compressed_cache_and_plan_on_the_8_gpu_machines(kiln: Kiln) -> None:
+    """Flash (43 layers: 21 of ratio 4, 20 of ratio 128) keeps 3,915 bytes a token; Pro (61 layers: 30 of ratio 4,
+    31 of ratio 128) 30 x (37,440 + 8,640) + 31 x 1,728 = 1,435,968 bytes a 256-token block, 5,609.25 bytes a token
+    (test_hf_families.py works the pages out). Pro's ~792 GiB of weights need the H200s or B300s; on Hopper the
+    recipe caps its context at 800,000 tokens."""
+    flash, pro = kiln.catalog().get("deepseek-v4-flash"), kiln.catalog().get("deepseek-v4-pro")
+    assert kv_layout(flash.architecture, 8, "fp8").bytes_per_token_per_gpu == 3_915
+    assert kv_layout(pro.architecture, 8, "fp8").block_bytes_per_gpu == 30 * (37_440 + 8_640) + 31 * 1_728
+    for machine in ("h100x8", "h200x8", "b300x8"):
+        plan = make_plan(kiln.machine(machine), flash, Choice(), kiln.constants)
+        assert isinstance(plan, Plan) and plan.quantization == "fp8", plan
+        assert plan.engine.max_model_len == 1_048_576
+    alternatives = sorted(kiln.fixtures(), key=lambda m: sum(g.memory_bytes for g in m.gpus))
+    refused = make_plan(kiln.machine("h100x8"), pro, Choice(), kiln.constants, alternatives)
+    assert isinstance(refused, Refusal) and any("h200x8" in s for s in refused.suggestions)
+    on_h200 = make_plan(kiln.machine("h200x8"), pro, Choice(), kiln.constants)
+    assert isinstance(on_h200, Plan) and on_h200.engine.max_model_len == 800_000
+    on_b300 = make_plan(kiln.machine("b300x8"), pro, Choice(), kiln.constants)
+    assert isinstance(on_b300, Plan) and on_b300.engine.max_model_len == 1_048_576

@@ -209,8 +209,54 @@ def test_an_architecture_kiln_cannot_size_is_refused(tmp_path: Path) -> None:
         profile_from_model_dir(tmp_path)
     assert "RwkvForCausalLM" in raised.value.what and "rwkv" in raised.value.what
     assert "Qwen3.5" in raised.value.fix and "DeepSeek" in raised.value.fix
-    with pytest.raises(ConfigError, match="compress"):
-        read("deepseek-ai/DeepSeek-V4-Flash")
+
+
+def test_deepseek_v4_compressed_cache_and_fp4_experts() -> None:
+    """DeepSeek-V4-Flash's cache as vLLM 0.32 declares it on NVIDIA GPUs (fp8_ds_mla rows of 584 bytes, pages rounded
+    up to 576 bytes, 256-token blocks; vllm/models/deepseek_v4/attention.py, compressor.py, sparse_swa.py).
+    compress_ratios for the 43 layers: 0, 0, then 4 and 128 alternating, the last layer 4: 21 layers of ratio 4,
+    20 of ratio 128, 2 with the window only.
+    Per 256-token block: a ratio-4 layer keeps 64 states x 584 = 37,376 -> 37,440 bytes and 64 indexer keys of
+    128 + 4 = 132 bytes = 8,448 -> 8,640; a ratio-128 layer 2 x 584 = 1,168 -> 1,728. 21 x (37,440 + 8,640) +
+    20 x 1,728 = 1,002,240 bytes a block, 3,915 bytes a token, the same on every GPU (one KV head, max_tp_shards 1).
+    Per request, windowed: every layer a 128-token window in 64-token blocks of 64 x 584 -> 37,440 bytes; a ratio-4
+    layer its compressor's float32 state (2 x 2 x 512 values, 8,192 bytes a token) over 8 tokens in 4-token blocks,
+    4 x 8,192 = 32,768 -> 32,832 bytes, and its indexer's (2 x 2 x 128 x 4 = 2,048 bytes) 4 x 2,048 = 8,192 ->
+    8,640; a ratio-128 layer its state (2 x 512 x 4 = 4,096 bytes) over 128 tokens in 8-token blocks, 32,768 ->
+    32,832. A windowed cache reserves ceil((window - 1 + batched tokens) / block) + 1 blocks."""
+    p = read("deepseek-ai/DeepSeek-V4-Flash")
+    a = p.architecture
+    assert a.compressed_attention is not None and a.mla is None
+    assert (a.compressed_attention.ratios.count(4), a.compressed_attention.ratios.count(128)) == (21, 20)
+    layout = kv_layout(a, 8, "auto")
+    assert layout.block_bytes_per_gpu == 21 * (37_440 + 8_640) + 20 * 1_728 == 1_002_240
+    assert layout.bytes_per_token_per_gpu == kv_layout(a, 1, "fp8").bytes_per_token_per_gpu == 3_915
+    length, batched = 1_048_576, 8192
+    windows = (43 * (math.ceil((127 + batched) / 64) + 1) * 37_440 + 21 * (math.ceil((7 + batched) / 4) + 1)
+               * (32_832 + 8_640) + 20 * (math.ceil((127 + batched) / 8) + 1) * 32_832)
+    per_request = length // 256 * 1_002_240 + windows
+    kv_bytes = 100 * 2**30
+    assert kv_cache_tokens(kv_bytes, layout, length, 16, batched) == (
+        int(kv_bytes / per_request * length), kv_bytes / per_request)
+    # Parameters, per layer as vLLM builds the modules (hidden 4096, 64 heads of 512, q_lora and o_lora 1024,
+    # 8 output groups, indexer 64 heads of 128, 256 experts of 2048 top-6 + 1 shared, hyper-connections x 4).
+    fp8 = 4096 * (1024 + 512) + 1024 * 64 * 512 + 64 * 512 * 1024 + 8 * 1024 * 4096 + 3 * 4096 * 2048
+    bf16 = 1024 + 512 + 2 * 4096 + 4096 * 256
+    fp32 = 64 + 2 * 24 * (4 * 4096 + 1) + 6
+    c4_bf16, c4_fp32 = 4096 * 2 * 2 * 512 + 512 + 4096 * 64 + 4096 * 2 * 2 * 128 + 128, 4 * 2 * 512 + 4 * 2 * 128
+    c128_bf16, c128_fp32 = 4096 * 2 * 512 + 512, 128 * 512
+    fp8_total = 43 * fp8 + 21 * 1024 * 64 * 128  # the ratio-4 layers' indexer wq_b
+    bf16_total = 43 * bf16 + 21 * c4_bf16 + 20 * c128_bf16 + 4096  # and the final norm
+    fp32_total = 43 * fp32 + 3 * 129280 * 6 + 40 * 256 + 21 * c4_fp32 + 20 * c128_fp32  # 3 hash layers
+    experts = 43 * 256 * 3 * 4096 * 2048
+    embeddings = 2 * 129280 * 4096
+    assert a.params_total == embeddings + fp8_total + bf16_total + fp32_total + experts == 284_334_501_970
+    assert a.moe is not None and a.moe.params_active == a.params_total - experts + 43 * 6 * 3 * 4096 * 2048
+    # expert_dtype fp4: MXFP4 experts (4 bits + an E8M0 byte per 32); FP8 linears with an E8M0 byte per 128 x 128.
+    assert only_precision(p) == "fp8"
+    assert weight_bytes(p, "fp8") == int(2 * (embeddings + bf16_total) + 4 * fp32_total + experts * (0.5 + 1 / 32)
+                                         + fp8_total * (1 + 1 / (128 * 128))) == 156_006_127_816
+    assert [s.method for s in p.speculative] == ["mtp"] and p.serving.tool_call_parser == "deepseek_v4"
 
 
 def test_gemma_3_reads_its_sliding_layers_and_transformers_defaults(tmp_path: Path) -> None:

@@ -155,6 +155,11 @@ class Params:
     embeddings: int  # input embeddings and, when untied, the LM head
     experts: int  # routed experts, all layers
     mtp_layer: int  # one MTP layer (a decoder layer and its input projection)
+    # Kept out of a quantized checkpoint's quantized linears (DeepSeek-V4): float32 and bf16 parameters, and the
+    # routed experts' own format ("fp4": MXFP4, 4 bits and an E8M0 scale per 32) where it differs from the rest.
+    fp32: int = 0
+    bf16: int = 0
+    expert_dtype: str = ""
 
 
 def text_config(raw: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -210,10 +215,55 @@ def moe_shape(cfg: Mapping[str, Any], family: str) -> tuple[int, int, int, int, 
     return experts, k, width, shared, moe_layers
 
 
+def _count_deepseek_v4(cfg: Mapping[str, Any]) -> Params:
+    """DeepSeek-V4's parameters module by module as vLLM 0.32 builds them (vllm/models/deepseek_v4/attention.py,
+    compressor.py, nvidia/model.py). Per layer: attention fused_wqa_wkv (hidden x (q_lora + head_dim)), wq_b
+    (q_lora x heads x head_dim), wo_a (heads x head_dim / o_groups x o_groups x o_lora), wo_b (o_groups x o_lora x
+    hidden), all FP8; norms (q_lora, head_dim, 2 x hidden) and the compressors' linears (hidden x 2 x coff x dim) and
+    the indexer's weights_proj (hidden x index heads) in bf16 with the router (hidden x experts); float32 attention
+    sinks (heads), compressor position biases (ratio x coff x dim), hyper-connection mixes (2 x (2 + hc) x hc x (hc x
+    hidden + 1) + 6) and router score biases (experts, on the layers past num_hash_layers); the indexer's wq_b (q_lora
+    x index heads x index_head_dim) FP8; shared experts FP8, routed experts in expert_dtype. The hash layers' token
+    tables (vocab x experts per token, int32) are counted as float32-sized. MTP layers are left out."""
+    hidden, heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
+    head_dim, q_lora = _int(cfg, "head_dim"), _int(cfg, "q_lora_rank")
+    o_lora, o_groups = _int(cfg, "o_lora_rank"), _int(cfg, "o_groups")
+    idx_dim, idx_heads = _int(cfg, "index_head_dim"), _int(cfg, "index_n_heads")
+    vocab, layers = _int(cfg, "vocab_size"), _int(cfg, "num_hidden_layers")
+    experts, k = _int(cfg, "n_routed_experts"), _int(cfg, "num_experts_per_tok")
+    width, shared = _int(cfg, "moe_intermediate_size"), _int(cfg, "n_shared_experts", default=0)
+    hc, hash_layers = _int(cfg, "hc_mult", default=1), _int(cfg, "num_hash_layers", default=0)
+    ratios = [int(r) for r in cfg["compress_ratios"]][:layers]
+    fp8 = bf16 = fp32 = 0
+    for layer, ratio in enumerate(ratios):
+        fp8 += hidden * (q_lora + head_dim) + q_lora * heads * head_dim + heads * head_dim * o_lora + (
+            o_groups * o_lora * hidden) + shared * 3 * hidden * width
+        bf16 += q_lora + head_dim + 2 * hidden + hidden * experts
+        fp32 += heads + 2 * (2 + hc) * hc * (hc * hidden + 1) + 6
+        fp32 += vocab * k if layer < hash_layers else experts
+        if ratio > 1:
+            coff = 2 if ratio == 4 else 1
+            bf16 += hidden * 2 * coff * head_dim + head_dim
+            fp32 += ratio * coff * head_dim
+        if ratio == 4:
+            fp8 += q_lora * idx_heads * idx_dim
+            bf16 += hidden * idx_heads + hidden * 2 * 2 * idx_dim + idx_dim
+            fp32 += 4 * 2 * idx_dim
+    routed = layers * experts * 3 * hidden * width
+    embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+    total = embeddings + hidden + fp8 + bf16 + fp32 + routed
+    one_layer = (fp8 + bf16 + fp32 + routed) // layers
+    return Params(total, total - routed + layers * k * 3 * hidden * width, embeddings, routed,
+                  one_layer + 2 * hidden * hidden, fp32=fp32, bf16=bf16 + hidden,
+                  expert_dtype=str(cfg.get("expert_dtype") or ""))
+
+
 def count_params(raw: Mapping[str, Any], family: str) -> Params:
     """Parameters from the config, layer by layer: embeddings, attention, MLP or experts, and the RMS norms (two per
     layer and a final one); biases and MLA's small latent norms are left out (under 0.01%)."""
     cfg = text_config(raw)
+    if family == "deepseek_v4":
+        return _count_deepseek_v4(cfg)
     hidden = _int(cfg, "hidden_size")
     heads = _int(cfg, "num_attention_heads")
     kv = _int(cfg, "num_key_value_heads", default=heads)
@@ -273,6 +323,12 @@ def estimated_weight_bytes(params: Params, precision: Precision, quant: Mapping[
     body = params.total - params.embeddings
     if precision == "bf16":
         return 2 * params.total
+    if precision == "fp8" and params.expert_dtype == "fp4":
+        # DeepSeek-V4-Flash: MXFP4 experts; FP8 linears with one E8M0 byte of scale per 128 x 128 block
+        # (vllm/models/deepseek_v4/quant_config.py: FP4 checkpoints store FP8 linear scales as e8m0fnu).
+        fp8 = body - params.experts - params.fp32 - params.bf16
+        return int(2 * (params.embeddings + params.bf16) + 4 * params.fp32 + params.experts * (0.5 + 1 / 32)
+                   + fp8 * (1 + 1 / FP8_BLOCK))
     if precision == "fp8":
         return int(2 * params.embeddings + body * (1 + 4 / FP8_BLOCK))
     if precision == "mxfp4":
@@ -329,7 +385,12 @@ def read_architecture(raw: Mapping[str, Any], family: Family, params: Params) ->
         if cfg.get("index_head_dim"):
             arch["sparse_attention"] = {"index_head_dim": _int(cfg, "index_head_dim"),
                                         "index_n_heads": cfg.get("index_n_heads"), "index_topk": cfg.get("index_topk")}
-    if sliding:
+    if cfg.get("compress_ratios"):
+        arch["compressed_attention"] = {
+            "window": _int(cfg, "sliding_window"), "head_dim": _int(cfg, "head_dim"),
+            "index_head_dim": _int(cfg, "index_head_dim"),
+            "ratios": [int(r) for r in cfg["compress_ratios"]][:arch["num_layers"]]}
+    elif sliding:
         arch["sliding_window"] = {"window": _int(cfg, "sliding_window"), "layers": sliding}
     if linear:
         ssm_dtype = str(cfg.get("mamba_ssm_dtype") or "bfloat16")

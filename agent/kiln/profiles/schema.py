@@ -79,6 +79,16 @@ class SparseAttention(Strict):
     index_topk: int | None = None
 
 
+class CompressedAttention(Strict):
+    """DeepSeek-V4: every layer attends over a sliding window of raw keys; layers with a compress ratio r > 1 also
+    cache one compressed state per r tokens (compress_ratios), those with r = 4 with a lightning indexer."""
+
+    window: int = Field(gt=0)  # sliding_window
+    head_dim: int = Field(gt=0)
+    index_head_dim: int = Field(gt=0)
+    ratios: tuple[int, ...]  # per decoder layer: 0 (window only), 4 or 128
+
+
 class Architecture(Strict):
     hf_architecture: str
     num_layers: int = Field(gt=0)
@@ -97,6 +107,7 @@ class Architecture(Strict):
     sliding_window: SlidingWindow | None = None
     sparse_attention: SparseAttention | None = None
     linear_attention: LinearAttention | None = None
+    compressed_attention: CompressedAttention | None = None
     mtp_layers: int = Field(default=0, ge=0)  # multi-token-prediction layers (num_nextn_predict_layers)
 
     @model_validator(mode="after")
@@ -112,6 +123,8 @@ class Architecture(Strict):
             self.linear_attention.layers if self.linear_attention else 0)
         if other >= self.num_layers:
             raise ValueError("sliding-window and linear-attention layers leave no full-attention layer")
+        if self.compressed_attention and len(self.compressed_attention.ratios) != self.num_layers:
+            raise ValueError("compressed_attention.ratios needs one ratio per layer")
         if self.moe and self.moe.params_active > self.params_total:
             raise ValueError("moe.params_active cannot exceed params_total")
         return self
