@@ -67,3 +67,16 @@ def test_deepseek_v4_profiles_read_their_compressed_cache_and_plan_on_the_8_gpu_
     assert isinstance(on_h200, Plan) and on_h200.engine.max_model_len == 800_000
     on_b300 = make_plan(kiln.machine("b300x8"), pro, Choice(), kiln.constants)
     assert isinstance(on_b300, Plan) and on_b300.engine.max_model_len == 1_048_576
+
+
+def test_glm_4_7_names_the_recipes_mtp_speculator_sized_as_one_mtp_layer(kiln: Kiln) -> None:
+    """vLLM's GLM-4.7 recipe serves MTP with one speculative token; the draft is one MTP layer of this config: GQA
+    attention (5120 x 96 x 128 + 2 x 5120 x 8 x 128 + 96 x 128 x 5120), 160 experts and one shared expert of 1536
+    (3 x 5120 x 1536 each), the router (5120 x 160) and the input projection (2 x 5120 x 5120)."""
+    (mtp,) = kiln.catalog().get("glm-4.7").speculative
+    attention = 5120 * 96 * 128 + 2 * 5120 * 8 * 128 + 96 * 128 * 5120
+    layer = attention + 161 * 3 * 5120 * 1536 + 5120 * 160 + 2 * 5120 * 5120
+    assert (mtp.method, mtp.num_speculative_tokens, mtp.draft_params) == ("mtp", 1, layer)
+    for machine in ("h100x8", "h200x8", "b300x8"):
+        assert isinstance(make_plan(kiln.machine(machine), kiln.catalog().get("glm-4.7"), Choice(), kiln.constants),
+                          Plan)
