@@ -37,6 +37,10 @@ def facts(profile: Profile) -> str:
         parts.append(f"MLA {a.mla.kv_lora_rank}+{a.mla.qk_rope_head_dim}")
     if a.sparse_attention:
         parts.append(f"indexer {a.sparse_attention.index_head_dim}")
+    if a.compressed_attention:
+        ratios = a.compressed_attention.ratios
+        parts.append(f"compressed {ratios.count(4)} x 4 + {ratios.count(128)} x 128, "
+                     f"window {a.compressed_attention.window}")
     if a.mtp_layers:
         parts.append(f"{a.mtp_layers} MTP")
     parts.append("/".join(profile.checkpoints))

@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kiln.choice.schema import Choice
 from kiln.planner.capacity import kv_layout
 from kiln.planner.plan import make_plan
 from kiln.planner.types import Plan, Refusal
+from kiln.profiles.hf_config import profile_from_model_dir
 from kiln.wiring import Kiln
+
+HUB = Path(__file__).resolve().parents[1] / "data" / "hub"
 
 READ_FROM_CONFIG = {  # profile: (layers, KV bytes per token in bf16 for the whole instance)
     "minimax-m2.5": (62, 62 * 2 * 8 * 128 * 2),
@@ -56,6 +61,11 @@ def test_deepseek_v4_profiles_read_their_compressed_cache_and_plan_on_the_8_gpu_
     flash, pro = kiln.catalog().get("deepseek-v4-flash"), kiln.catalog().get("deepseek-v4-pro")
     assert kv_layout(flash.architecture, 8, "fp8").bytes_per_token_per_gpu == 3_915
     assert kv_layout(pro.architecture, 8, "fp8").block_bytes_per_gpu == 30 * (37_440 + 8_640) + 31 * 1_728
+    for profile, repo in ((flash, "DeepSeek-V4-Flash"), (pro, "DeepSeek-V4-Pro")):
+        # The MTP draft is sized as a Hub model's is: one (average) decoder layer and its input projection.
+        hub = profile_from_model_dir(HUB / "deepseek-ai" / repo)
+        assert [s.draft_params for s in profile.speculative] == [s.draft_params for s in hub.speculative]
+        assert profile.checkpoints["fp8"].weight_bytes == hub.checkpoints["fp8"].weight_bytes
     for machine in ("h100x8", "h200x8", "b300x8"):
         plan = make_plan(kiln.machine(machine), flash, Choice(), kiln.constants)
         assert isinstance(plan, Plan) and plan.quantization == "fp8", plan
