@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kiln.choice.schema import Choice
 from kiln.perf.coldstart import GIB, predict_cold_start
-from kiln.planner.plan import make_plan
+from kiln.planner.search import make_plan
 from kiln.setup.startup import StartShape
 from kiln.setup.types import Plan
 from kiln.wiring import Kiln

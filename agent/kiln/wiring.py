@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pynvml
 import yaml
+from huggingface_hub.constants import HF_HUB_CACHE
 
 from kiln import datafiles
 from kiln.doctor.checks import diagnose
@@ -26,6 +28,8 @@ from kiln.hardware.model import Machine
 from kiln.hardware.record import record_machine
 from kiln.hardware.specs import GpuCatalog
 from kiln.hardware.system import LiveSystem, RecordedSystem, SystemFacts
+from kiln.hub.client import HubClient
+from kiln.hub.model import is_hub_id, profile_from_hub
 from kiln.perf.aiconfigurator import AiConfigurator
 from kiln.perf.aiconfigurator import find as aiconfigurator_find
 from kiln.planner.cluster import Network
@@ -122,8 +126,15 @@ class Kiln:
     def fixtures(self) -> list[Machine]:
         return [detect_fixture(name, self.gpus) for name in fixture_names()]
 
-    def profile(self, name: str | None, model_path: str | None) -> Profile:
-        if model_path:
-            return profile_from_model_dir(Path(model_path))
+    def profile(self, name: str | None, model: str | None, hf_token: str | None = None,
+                revision: str | None = None, hub_cache: Path | None = None) -> Profile:
+        """A catalog profile by name, or a model by local directory or Hub id (ORG/NAME, read from the Hub with
+        `hf_token`, its files kept in `hub_cache`, by default huggingface_hub's own cache)."""
+        if model:
+            if is_hub_id(model) and not Path(model).is_dir():
+                client = HubClient(hub_cache or Path(HF_HUB_CACHE), hf_token or os.environ.get("HF_TOKEN") or None,
+                                   endpoint=os.environ.get("HF_ENDPOINT") or None)
+                return profile_from_hub(client, model, revision or "main")
+            return profile_from_model_dir(Path(model))
         assert name is not None
         return self.catalog().get(name)

@@ -4,10 +4,11 @@ fixture (`kiln detect --list`), each line checked against the plan's own fields.
 from __future__ import annotations
 
 import re
+from typing import get_args
 
 import pytest
 
-from kiln.choice.schema import Choice
+from kiln.choice.schema import Choice, Quantization
 from kiln.planner.plan import fit_plans
 from kiln.planner.search import make_plan
 from kiln.setup.types import Plan, Refusal
@@ -49,7 +50,9 @@ def check(kiln: Kiln, machine_name: str, profile_name: str, plan: Plan) -> None:
             assert not e.speculative_config, line
         elif "not fit in memory" in line:
             for tp in re.findall(r"TP(\d+)", line):
-                alone = fit_plans(machine, profile, Choice(tensor_parallel_size=int(tp), quantization=plan.quantization,
+                # A checkpoint-only precision (int4) cannot be asked for; "auto" picks the same checkpoint.
+                asked = plan.quantization if plan.quantization in get_args(Quantization) else None
+                alone = fit_plans(machine, profile, Choice(tensor_parallel_size=int(tp), quantization=asked,
                                                            instances=1), kiln.constants)
                 assert isinstance(alone, Refusal), f"{line} but TP{tp} fits"
         elif line.startswith("Chosen:"):

@@ -13,7 +13,7 @@ from kiln.wiring import Kiln
 
 def test_profile_params_match_the_config(kiln: Kiln) -> None:
     profile = kiln.catalog().get("tiny-cpu")
-    total, _ = count_params(config_json(profile))
+    total = count_params(config_json(profile), "llama").total
     assert total == profile.architecture.params_total
 
 

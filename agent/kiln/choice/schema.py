@@ -97,6 +97,7 @@ class Choice(BaseModel):
 
     profile: str | None = Field(default=None, min_length=1, max_length=128)
     model: str | None = Field(default=None, min_length=1, max_length=4096)
+    revision: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._\-/]+$")
     objective: Objective | None = None
     max_model_len: int | None = Field(default=None, ge=256, le=10_000_000)
     instances: int | None = Field(default=None, ge=1, le=64)
@@ -161,7 +162,8 @@ FIELDS = tuple(Choice.model_fields)
 SECRET_FIELDS = frozenset({"api_key", "hf_token", "api_keys", "tls", "do_token"})
 HINTS: dict[str, str] = {
     "profile": "a profile name from `kiln profiles list`, e.g. llama-3.1-8b-instruct",
-    "model": "an absolute path to a local model directory holding config.json",
+    "model": "a Hugging Face repository ORG/NAME, or an absolute path to a local model directory holding config.json",
+    "revision": "the model repository's branch, tag or commit, e.g. main",
     "objective": "throughput or latency",
     "max_model_len": "an integer number of tokens, at least 256, e.g. 32768",
     "instances": "an integer from 1 to 64",

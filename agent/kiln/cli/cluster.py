@@ -29,7 +29,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan_nodes(kiln: Kiln, args: argparse.Namespace) -> int:
     machine = kiln.machine(args.machine)
-    profile = kiln.profile(args.profile, args.model)
+    profile = kiln.profile(args.profile, args.model, revision=getattr(args, "revision", None))
     choice = planargs.plan_choice(args)
     workload = planargs.workload_from(args) if planargs.workload_given(args) else resolve(None)
     network = kiln.network(args.network, args.inter_node_gbps)
@@ -38,7 +38,7 @@ def cmd_plan_nodes(kiln: Kiln, args: argparse.Namespace) -> int:
     if isinstance(result, Refusal):
         return planargs.refused(args, result)
     runtime = planargs.runtime_for(args)
-    local = bool(args.model) or profile.local_model
+    local = profile.local_model
     if isinstance(result, Fleet):
         data = fleet_dict(result)
         print_json(data) if args.json else print(fleet_text(result))

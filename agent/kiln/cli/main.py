@@ -154,7 +154,7 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
     if args.nodes:
         return cluster.cmd_plan_nodes(kiln, args)
     machine = kiln.machine(args.machine)
-    profile = kiln.profile(args.profile, args.model)
+    profile = kiln.profile(args.profile, args.model, revision=args.revision)
     choice = planargs.plan_choice(args)
     alternatives = sorted(kiln.fixtures(), key=lambda m: sum(g.memory_bytes for g in m.gpus))
     choosing = None
@@ -171,7 +171,7 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
     if isinstance(plan, Refusal):
         return planargs.refused(args, plan)
     runtime = planargs.runtime_for(args)
-    local = bool(args.model) or profile.local_model
+    local = profile.local_model  # a local directory (its checkpoint marked local), never a Hub id
     rendered = render_instances(plan, runtime, local_model=local)
     if choosing is not None and args.plot:
         predict.plot_options(choosing, machine, args.plot)
@@ -183,16 +183,21 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
             data["predicted_for_workload"] = choosing.chosen.forecast.as_dict()
             data["alternatives"] = [predict.option_dict(o) for o in choosing.alternatives]
             data["workload_explanation"] = list(choosing.explanation)
+        if args.model:
+            data["model_settings"] = profile.description
         print_json(data)
     else:
         print(plan_text(plan, rendered))
+        if args.model:  # no catalog profile: where its parsers and speculator came from
+            print(f"\nSettings: {profile.description}")
     return 0
 
 
 def cmd_choice(kiln: Kiln, args: argparse.Namespace) -> int:
     resolved = resolve_choice(SourceReader(root=args.root).read())
-    profile, selection_problems = select_profile(resolved.choice, kiln.catalog(),
-                                                 lambda path: kiln.profile(None, path))
+    choice = resolved.choice
+    profile, selection_problems = select_profile(choice, kiln.catalog(), lambda model: kiln.profile(
+        None, model, choice.hf_token, choice.revision))
     problems = [*resolved.problems, *selection_problems]
     if args.json:
         print_json({"choice": json.loads(resolved.choice.model_dump_json(exclude=set(SECRET_FIELDS))),

@@ -35,7 +35,10 @@ def add_parsers(sub: Any) -> None:
     models = sub.add_parser("models", help="bake models into an image")
     msub = models.add_subparsers(dest="action", required=True)
     bake = msub.add_parser("bake", help="download what a profile's plan reads into the agent's cache, with a manifest")
-    bake.add_argument("--profile", action="append", required=True, help="a profile name (repeat for several)")
+    bake.add_argument("--profile", action="append", default=[], help="a profile name (repeat for several)")
+    bake.add_argument("--model", action="append", default=[],
+                      help="a Hugging Face repository ORG/NAME outside the catalog (repeat for several; HF_TOKEN reads "
+                           "gated ones)")
     bake.add_argument("--machine", help="the machine class the image is for: a fixture "
                                         f"({', '.join(fixture_names())}) or a file (default: this machine)")
     bake.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir,
@@ -83,16 +86,24 @@ def warm(decision: Decision, layout: ServeLayout, timeout_s: float) -> dict[str,
 
 
 def bake_profile(kiln: Kiln, name: str, machine: str | None, layout: ServeLayout, hub: HubClient,
-                 warm_timeout_s: float | None = None) -> tuple[list[BakedRepo], dict[str, Any] | None]:
+                 warm_timeout_s: float | None = None, model: str | None = None,
+                 ) -> tuple[list[BakedRepo], dict[str, Any] | None]:
+    """Bake a catalog profile (`name`), or with `model` a Hub repository planned from its config files."""
     runtime = image_caches(layout).runtime(Runtime(vllm_command=(find_vllm_python(), *MODULE_VLLM),
                                                    models_dir=str(layout.models_dir)))
-    decision = decide(kiln, machine, ResolvedChoice(Choice(profile=name), {}), runtime, fallback=name)
+    if model is not None:
+        profile = kiln.profile(None, model, hub.token, hub_cache=hub.cache)  # refuses what it cannot read or size
+        name = profile.name
+    choice = Choice(model=model, hf_token=hub.token) if model is not None else Choice(profile=name)
+    decision = (decide(kiln, machine, ResolvedChoice(choice, {}), runtime) if model is not None
+                else decide(kiln, machine, ResolvedChoice(choice, {}), runtime, fallback=name))
     if decision.plan is None or decision.profile is None:
         what, fix = decision.failure or (f"{name} cannot be planned on {machine or 'this machine'}", "")
         raise KilnError(what, fix=fix)
     plan, profile = decision.plan, decision.profile
     if decision.profile.name != name:
-        raise KilnError(f"{name} is not in the catalog", fix="`kiln profiles list` names the profiles")
+        raise KilnError(f"{model or name} cannot be planned on {machine or 'this machine'}: "
+                        + "; ".join(p.what for p in decision.problems), fix="`kiln plan --model` says why")
     baked: list[BakedRepo] = []
     if profile.local_model:
         target = layout.models_dir / plan.engine.model
@@ -116,21 +127,26 @@ def bake_profile(kiln: Kiln, name: str, machine: str | None, layout: ServeLayout
 
 def cmd_models(kiln: Kiln, args: argparse.Namespace) -> int:
     layout = ServeLayout(state_dir=args.state_dir)
-    hub = HubClient(hub_cache(layout.hf_home), os.environ.get("HF_TOKEN") or None)
+    hub = HubClient(hub_cache(layout.hf_home), os.environ.get("HF_TOKEN") or None,
+                    endpoint=os.environ.get("HF_ENDPOINT") or None)
     path = layout.state_dir / MANIFEST
     machine_name = kiln.machine(args.machine).name
     manifest = read_manifest(path) or Manifest(machine_name)
     if manifest.machine != machine_name:
         manifest = Manifest(machine_name)  # planned for another machine class: what it names is not what boots
     warmed: dict[str, Any] = {}
-    for name in args.profile:
+    if not args.profile and not args.model:
+        raise KilnError("nothing to bake", fix="name a --profile or a --model ORG/NAME")
+    wanted = [(name, None) for name in args.profile] + [("", model) for model in args.model]
+    for name, model in wanted:
         repos, timeline = bake_profile(kiln, name, args.machine, layout, hub,
-                                       args.warm_timeout if args.warm else None)
-        manifest = manifest.with_profile(name, repos)
+                                       args.warm_timeout if args.warm else None, model)
+        label = name or str(model)
+        manifest = manifest.with_profile(label, repos)
         layout.state_dir.mkdir(parents=True, exist_ok=True)
         write_private(path, manifest.as_json())
         if timeline is not None:
-            warmed[name] = timeline
+            warmed[label] = timeline
     if args.json:
         print_json({"manifest": str(path), "machine": manifest.machine, "profiles": list(manifest.profiles),
                     "repos": [{"repo": r.repo, "commit": r.commit, "files": len(r.files), "bytes": r.bytes}

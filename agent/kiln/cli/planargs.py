@@ -21,7 +21,9 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--machine", help="a fixture name or a YAML/JSON machine file (default: this machine)")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--profile", help="a profile name (`kiln profiles list`)")
-    which.add_argument("--model", help="a local model directory with config.json")
+    which.add_argument("--model", help="a Hugging Face repository ORG/NAME (read with HF_TOKEN), or a local model "
+                                       "directory with config.json")
+    p.add_argument("--revision", help="with --model ORG/NAME: the repository's branch, tag or commit (default main)")
 
 
 def add_setting_options(p: argparse.ArgumentParser) -> None:

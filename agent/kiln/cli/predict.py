@@ -141,7 +141,7 @@ def cmd_predict(kiln: Kiln, args: argparse.Namespace) -> int:
     """The setup the settings fix (what they leave open, kiln's search fills in for this workload, as a plan
     would), predicted for the workload."""
     machine = kiln.machine(args.machine)
-    profile = kiln.profile(args.profile, args.model)
+    profile = kiln.profile(args.profile, args.model, revision=getattr(args, "revision", None))
     workload = planargs.workload_from(args)
     choice = planargs.plan_choice(args)
     ours = steps_for(kiln, "kiln", machine, profile)

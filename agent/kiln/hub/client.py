@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url, snapshot_download
+from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url, snapshot_download
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -98,6 +98,29 @@ class HubClient:
         except Exception as exc:  # the HTTP client's own connection errors: the Hub is not there
             return RepoCheck(repo, revision, UNREACHABLE, message=f"{type(exc).__name__}: {exc}")
         return RepoCheck(repo, revision, OK, tuple(files))
+
+    def planning_files(self, repo: str, revision: str, names: tuple[str, ...]) -> tuple[RepoCheck, Path | None]:
+        """The repository's check, and a folder holding those of `names` it has (config.json and the other small
+        files planning reads; never a weight file). No folder when the Hub refused or did not answer."""
+        check = self.check(repo, revision)
+        if check.status != OK:
+            return check, None
+        folder: Path | None = None
+        try:
+            for name in names:
+                if any(f.name == name for f in check.files):
+                    got = hf_hub_download(repo, name, revision=revision, cache_dir=self.cache, token=self.token,
+                                          endpoint=self.endpoint, etag_timeout=self.timeout_s)
+                    folder = Path(str(got)).parent
+        except GatedRepoError as exc:
+            return RepoCheck(repo, revision, GATED, http_status=_status(exc), message=_words(exc)), None
+        except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
+            return RepoCheck(repo, revision, MISSING, http_status=_status(exc), message=_words(exc)), None
+        except HfHubHTTPError as exc:
+            return RepoCheck(repo, revision, UNREACHABLE, http_status=_status(exc), message=_words(exc)), None
+        except Exception as exc:  # the HTTP client's own connection errors: the Hub is not there
+            return RepoCheck(repo, revision, UNREACHABLE, message=f"{type(exc).__name__}: {exc}"), None
+        return check, folder
 
     def cached_bytes(self, repo: str) -> int:
         return blob_bytes(repo_folder(self.cache, repo))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.choice.schema import Problem
+from kiln.errors import KilnError
 from kiln.hub.client import GATED, MISSING, OK, UNREACHABLE, RepoCheck
 from kiln.hub.files import Needed
 
@@ -55,3 +56,24 @@ class HubVerdict:
 
     def problems(self, token_set: bool) -> list[Problem]:
         return [problem_for(n, c, token_set) for n, c in self.checks if c.status != OK]
+
+
+def refusal(check: RepoCheck, token_set: bool) -> KilnError:
+    """Why a model named by its Hub id cannot be planned: the Hub's answer, and what to do."""
+    page = f"https://huggingface.co/{check.repo}"
+    where = f"model {check.repo} (revision {check.revision})"
+    if check.status == GATED and check.http_status == 403:
+        return KilnError(f"the repository is gated and this hf_token may not read it ({check.message})", where=where,
+                         fix=f"accept the licence at {page} with the token's account (some need the authors' "
+                             "approval)")
+    if check.status == GATED:
+        said = "the hf_token was refused" if token_set else "no hf_token is set"
+        return KilnError(f"the repository is gated and {said} ({check.message})", where=where,
+                         fix=f"accept the licence at {page}, then set {TOKEN_WHERE} (or HF_TOKEN for the kiln "
+                             "command) with a read token from https://huggingface.co/settings/tokens")
+    if check.status == MISSING:
+        return KilnError(f"no such repository or revision on the Hub, or it is private ({check.message})",
+                         where=where, fix=f"check the name at {page}; a private repository needs {TOKEN_WHERE} "
+                                          "that can read it")
+    return KilnError(f"the Hub did not answer ({check.message})", where=where,
+                     fix="check the machine's network and HF_ENDPOINT, or give a local model directory")

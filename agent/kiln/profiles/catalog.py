@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kiln.errors import ConfigError, NotFoundError
+from kiln.profiles import hf_config
+from kiln.profiles.names import normalize_name
 from kiln.profiles.schema import GPU_KEYS, Profile
 from kiln.validation import load_yaml_text, validate
 
@@ -41,10 +45,14 @@ def find_profile_dir(dirs: Iterable[Path] | None = None) -> Path:
     )
 
 
-def parse_profile(text: str, *, where: str, gpu_classes: Iterable[str] = ()) -> Profile:
+def parse_profile(text: str, *, where: str, gpu_classes: Iterable[str] = (), base: Path | None = None) -> Profile:
+    """A profile from its YAML; `config: FILE` (relative to `base`, the profile's folder) names the model's published
+    config.json, from which the architecture is read instead of being written out."""
     data = load_yaml_text(text, where=where)
     if not isinstance(data, Mapping):
         raise ConfigError("a profile must be a YAML mapping", where=where, fix=FIX)
+    if "config" in data:
+        data = with_architecture_from_config(dict(data), (base or Path(".")) / str(data["config"]), where)
     profile = validate(Profile, data, where=where, fix=FIX)
     allowed = GPU_KEYS | set(gpu_classes)
     for key in profile.gpu_overrides:
@@ -77,9 +85,38 @@ class Catalog:
         )
 
 
-def normalize_name(name: str) -> str:
-    """Profile names compare without case and with '.' and '_' as '-' (DigitalOcean tags allow no dots)."""
-    return name.strip().lower().replace(".", "-").replace("_", "-")
+def with_architecture_from_config(data: dict[str, Any], config: Path, where: str) -> dict[str, Any]:
+    """The profile's data with `architecture` read from the config file, and the native checkpoint's size estimated
+    from it where the profile records none."""
+    if "architecture" in data:
+        raise ConfigError("give either architecture or config, not both", where=f"{where}: config",
+                          fix="drop the architecture block: it is read from the config file")
+    try:
+        raw = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read the model's config: {exc}", where=f"{where}: config",
+                          fix="name a config.json copy in the profiles folder, e.g. configs/ORG--NAME.json") from None
+    quant_file = config.with_name(config.name.replace("config.json", "hf_quant_config.json"))  # ModelOpt's, beside it
+    hf_quant = json.loads(quant_file.read_text(encoding="utf-8")) if quant_file.is_file() else None
+    family = hf_config.family_of(raw, where)
+    raw = family.filled(raw)
+    try:
+        params = hf_config.count_params(raw, family.key)
+        architecture = hf_config.read_architecture(raw, family, params)
+        quant = raw.get("quantization_config") or hf_config.text_config(raw).get("quantization_config")
+        native = hf_config.checkpoint_precision(quant, hf_quant)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"the model's config lacks or mangles a field kiln needs: {exc}", where=str(config),
+                          fix="copy the repository's config.json unchanged") from None
+    out = {k: v for k, v in data.items() if k != "config"}
+    out["architecture"] = architecture
+    checkpoints = {k: dict(v) for k, v in (out.get("checkpoints") or {}).items()}
+    if native in checkpoints and "weight_bytes" not in checkpoints[native]:
+        estimate = hf_config.estimated_weight_bytes(params, native, quant, hf_quant)
+        if estimate:
+            checkpoints[native]["weight_bytes"] = estimate
+    out["checkpoints"] = checkpoints
+    return out
 
 
 def load_profile_file(path: Path, gpu_classes: Iterable[str] = ()) -> Profile:
@@ -88,7 +125,7 @@ def load_profile_file(path: Path, gpu_classes: Iterable[str] = ()) -> Profile:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", where=str(path), fix="check the path") from None
-    profile = parse_profile(text, where=str(path), gpu_classes=gpu_classes)
+    profile = parse_profile(text, where=str(path), gpu_classes=gpu_classes, base=path.parent)
     if profile.name != path.stem:
         raise ConfigError(
             f"name {profile.name!r} does not match the file name",

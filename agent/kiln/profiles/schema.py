@@ -45,6 +45,7 @@ class Moe(Strict):
     moe_intermediate_size: int | None = Field(default=None, gt=0)
     num_shared_experts: int = Field(default=0, ge=0)
     params_active: int = Field(gt=0)
+    layers: int | None = Field(default=None, gt=0)  # layers with routed experts (None: every layer)
 
 
 class Mla(Strict):
@@ -60,10 +61,32 @@ class SlidingWindow(Strict):
     layers: int = Field(gt=0)
 
 
+class LinearAttention(Strict):
+    """Gated DeltaNet layers (Qwen3.5, Qwen3-Next): a fixed recurrent state per sequence instead of per-token K/V."""
+
+    layers: int = Field(gt=0)
+    num_key_heads: int = Field(gt=0)
+    num_value_heads: int = Field(gt=0)
+    key_head_dim: int = Field(gt=0)
+    value_head_dim: int = Field(gt=0)
+    conv_kernel: int = Field(gt=1)
+    state_dtype_bytes: int = Field(default=2, gt=0)  # the recurrent state (mamba_ssm_dtype); the conv state is bf16
+
+
 class SparseAttention(Strict):
     index_head_dim: int = Field(gt=0)
     index_n_heads: int | None = None
     index_topk: int | None = None
+
+
+class CompressedAttention(Strict):
+    """DeepSeek-V4: every layer attends over a sliding window of raw keys; layers with a compress ratio r > 1 also
+    cache one compressed state per r tokens (compress_ratios), those with r = 4 with a lightning indexer."""
+
+    window: int = Field(gt=0)  # sliding_window
+    head_dim: int = Field(gt=0)
+    index_head_dim: int = Field(gt=0)
+    ratios: tuple[int, ...]  # per decoder layer: 0 (window only), 4 or 128
 
 
 class Architecture(Strict):
@@ -83,6 +106,9 @@ class Architecture(Strict):
     mla: Mla | None = None
     sliding_window: SlidingWindow | None = None
     sparse_attention: SparseAttention | None = None
+    linear_attention: LinearAttention | None = None
+    compressed_attention: CompressedAttention | None = None
+    mtp_layers: int = Field(default=0, ge=0)  # multi-token-prediction layers (num_nextn_predict_layers)
 
     @model_validator(mode="after")
     def _consistent(self) -> Architecture:
@@ -93,6 +119,12 @@ class Architecture(Strict):
             )
         if self.sliding_window and self.sliding_window.layers > self.num_layers:
             raise ValueError("sliding_window.layers cannot exceed num_layers")
+        other = (self.sliding_window.layers if self.sliding_window else 0) + (
+            self.linear_attention.layers if self.linear_attention else 0)
+        if other >= self.num_layers:
+            raise ValueError("sliding-window and linear-attention layers leave no full-attention layer")
+        if self.compressed_attention and len(self.compressed_attention.ratios) != self.num_layers:
+            raise ValueError("compressed_attention.ratios needs one ratio per layer")
         if self.moe and self.moe.params_active > self.params_total:
             raise ValueError("moe.params_active cannot exceed params_total")
         return self

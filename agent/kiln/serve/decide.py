@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from kiln.choice.resolve import ResolvedChoice
@@ -85,7 +86,10 @@ def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runti
         decision.failure = (f"hardware detection failed: {exc.what}", exc.fix or "check `kiln detect`")
         return decision
     catalog = kiln.catalog()
-    profile, problems = select_profile(resolved.choice, catalog, lambda path: kiln.profile(None, path), fallback)
+    choice = resolved.choice
+    hub_cache = Path(runtime.hf_home) / "hub" if runtime.hf_home else None
+    profile, problems = select_profile(choice, catalog, lambda model: kiln.profile(
+        None, model, choice.hf_token, choice.revision, hub_cache), fallback)
     decision.problems += problems
     if membership is not None:
         return _decide_cluster(kiln, decision, profile, membership, runtime)

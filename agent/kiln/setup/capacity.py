@@ -41,7 +41,8 @@ def expert_params(arch: ModelArch) -> int:
     """Parameters in routed experts (gate, up and down projections of every expert of every layer)."""
     if arch.moe is None or arch.moe.moe_intermediate_size is None:
         return 0
-    return arch.num_layers * arch.moe.num_experts * 3 * arch.hidden_size * arch.moe.moe_intermediate_size
+    layers = arch.moe.layers or arch.num_layers
+    return layers * arch.moe.num_experts * 3 * arch.hidden_size * arch.moe.moe_intermediate_size
 
 
 def weight_bytes(profile: Profile, precision: str) -> int:
@@ -112,13 +113,101 @@ class KvLayout:
     full_layers: int
     sliding_layers: int
     sliding_window: int
+    state_layers: int = 0  # linear-attention layers: a fixed state per sequence, no per-token K/V
+    state_bytes_per_layer_per_gpu: int = 0  # one such layer's state for one sequence
+    # DeepSeek-V4's compressed caches: the model's own block (tokens) and the bytes of one such block over all
+    # compressed layers; and its per-request windowed caches as (window, block tokens, page bytes, layers).
+    block_tokens: int = 0
+    block_bytes_per_gpu: int = 0
+    windows: tuple[tuple[int, int, int, int], ...] = ()
+
+
+# Pages of each linear-attention layer a request holds: vLLM turns prefix caching on by default and then keeps
+# its Mamba-style states in "align" mode, 2 pages per request (vllm/model_executor/models/config.py
+# MambaModelConfig; vllm/v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes).
+STATE_PAGES_PER_REQUEST = 2
+# The attention kernels' block granularity vLLM rounds a hybrid model's block size to
+# (vllm/platforms/interface.py _align_hybrid_block_size).
+KERNEL_BLOCK = 16
+
+
+def linear_state_bytes(arch: ModelArch, tp: int) -> int:
+    """One Gated DeltaNet layer's state for one sequence on one GPU, as vLLM allocates it
+    (vllm/model_executor/layers/mamba/mamba_utils.py gated_delta_net_state_shape): a conv state of
+    (kernel - 1) x conv_dim in bf16, conv_dim = 2 x key heads x key dim + value heads x value dim, and a recurrent
+    state of value heads x value dim x key dim in the config's mamba_ssm_dtype; both split tp ways."""
+    lin = arch.linear_attention
+    if lin is None:
+        return 0
+    conv_dim = 2 * lin.num_key_heads * lin.key_head_dim + lin.num_value_heads * lin.value_head_dim
+    conv = conv_dim // tp * (lin.conv_kernel - 1) * 2
+    recurrent = lin.num_value_heads // tp * lin.value_head_dim * lin.key_head_dim * lin.state_dtype_bytes
+    return conv + recurrent
+
+
+# DeepSeek-V4 on NVIDIA GPUs (FlashMLA, vllm/models/deepseek_v4/nvidia/flashmla.py) always stores its attention
+# cache in the fp8_ds_mla layout (vllm/models/deepseek_v4/attention.py _resolve_dsv4_kv_cache_dtype): per state
+# 448 FP8 NoPE values + 64 bf16 RoPE values + 8 bytes of scales = 584 bytes, pages rounded up to 576 bytes.
+DSV4_BLOCK = 256  # the only block size its sparse-MLA and indexer backends take (get_supported_kernel_block_sizes)
+DSV4_STATE_BYTES = 584
+DSV4_PAGE_ALIGN = 576
+DSV4_SWA_BLOCK = 64  # DeepseekV4SWACache block_size (vllm/v1/attention/backends/mla/sparse_swa.py)
+
+
+def _aligned(page: int) -> int:
+    return -(-page // DSV4_PAGE_ALIGN) * DSV4_PAGE_ALIGN
+
+
+def _deepseek_v4_layout(arch: ModelArch) -> KvLayout:
+    """DeepSeek-V4's caches as vLLM 0.32 declares them (vllm/models/deepseek_v4/attention.py, compressor.py;
+    vllm/v1/attention/backends/mla/sparse_swa.py), one copy on every GPU (max_tp_shards 1):
+    - a layer with compress ratio r > 1: MLAAttentionSpec of 256 / r states of 584 bytes per 256-token block;
+    - r = 4 also: the indexer's keys, 256 / 4 states of index_head_dim FP8 bytes + a 4-byte scale per 128;
+    - every layer: a 128-token sliding window (SlidingWindowMLASpec, 64-token blocks of 584-byte rows);
+    - r > 1: the compressor's float32 state (2 x (1 + [r = 4]) x head_dim values per token) over a window of
+      (1 + [r = 4]) x r tokens in blocks of 4 (r = 4) or 8 (r = 128) tokens; r = 4 also the indexer's compressor.
+    Every page is rounded up to 576 bytes (the fp8_ds_mla alignment)."""
+    ca = arch.compressed_attention
+    assert ca is not None
+    if ca.head_dim != 512:
+        raise ValueError(f"DeepSeek-V4 head_dim {ca.head_dim}: kiln knows the 584-byte fp8_ds_mla row of head_dim 512")
+    index_row = ca.index_head_dim + ca.index_head_dim // 128 * 4
+    block_bytes = 0
+    windows: dict[tuple[int, int, int], int] = {}
+
+    def window(size: int, block: int, page: int) -> None:
+        windows[(size, block, page)] = windows.get((size, block, page), 0) + 1
+
+    for ratio in ca.ratios:
+        window(ca.window, DSV4_SWA_BLOCK, _aligned(DSV4_SWA_BLOCK * DSV4_STATE_BYTES))
+        if ratio <= 1:
+            continue
+        block_bytes += _aligned(DSV4_BLOCK // ratio * DSV4_STATE_BYTES)
+        coff = 2 if ratio == 4 else 1
+        state_block = 4 if ratio == 4 else 8
+        window(coff * ratio, state_block, _aligned(state_block * 2 * coff * ca.head_dim * 4))
+        if ratio == 4:
+            block_bytes += _aligned(DSV4_BLOCK // ratio * index_row)
+            window(coff * ratio, state_block, _aligned(state_block * 2 * coff * ca.index_head_dim * 4))
+    compressed = sum(1 for r in ca.ratios if r > 1)
+    per_token = block_bytes // DSV4_BLOCK
+    return KvLayout(per_token, per_token, compressed, 0, 0, block_tokens=DSV4_BLOCK, block_bytes_per_gpu=block_bytes,
+                    windows=tuple((w, b, p, n) for (w, b, p), n in windows.items()))
 
 
 def kv_layout(arch: ModelArch, tp: int, kv_dtype: str) -> KvLayout:
+    """Per-token cache bytes as vLLM lays them out (vllm/v1/kv_cache_interface.py):
+    full attention (FullAttentionSpec): 2 (K and V) x KV heads on this GPU x head_dim x dtype bytes per layer;
+    MLA (MLAAttentionSpec): one latent of kv_lora_rank + qk_rope_head_dim per layer, the same on every TP rank;
+    DeepSeek sparse attention adds the indexer's FP8 key (index_head_dim + a 4-byte scale per 128 values);
+    linear-attention layers keep no per-token bytes, only their per-sequence state."""
+    if arch.compressed_attention is not None:
+        return _deepseek_v4_layout(arch)
     elem = KV_DTYPE_BYTES.get(kv_dtype, 1)
     sliding = arch.sliding_window.layers if arch.sliding_window else 0
     window = arch.sliding_window.window if arch.sliding_window else 0
-    full = arch.num_layers - sliding
+    linear = arch.linear_attention.layers if arch.linear_attention else 0
+    full = arch.num_layers - sliding - linear
     if arch.mla is not None:
         # MLA caches one latent vector per token and layer, replicated on every TP rank.
         per_layer = (FP8_DS_MLA_BYTES if elem == 1 else
@@ -129,7 +218,8 @@ def kv_layout(arch: ModelArch, tp: int, kv_dtype: str) -> KvLayout:
     heads_per_gpu = max(arch.num_kv_heads // tp, 1)  # KV heads replicate when tp > num_kv_heads
     per_layer_gpu = 2 * heads_per_gpu * arch.head_dim * elem
     per_layer_instance = 2 * arch.num_kv_heads * arch.head_dim * elem
-    return KvLayout(per_layer_gpu * full, per_layer_instance * full, full, sliding, window)
+    return KvLayout(per_layer_gpu * full, per_layer_instance * full, full, sliding, window,
+                    linear, linear_state_bytes(arch, tp))
 
 
 def overhead_bytes_per_gpu(profile: Profile, tp: int, max_num_seqs: int, max_num_batched_tokens: int,
@@ -210,6 +300,10 @@ def kv_cache_tokens(kv_bytes_per_gpu: int, layout: KvLayout, max_model_len: int,
     """
     if kv_bytes_per_gpu <= 0 or layout.bytes_per_token_per_gpu <= 0:
         return 0, 0.0
+    if layout.block_tokens:
+        return _compressed_tokens(kv_bytes_per_gpu, layout, max_model_len, max_num_batched_tokens)
+    if layout.state_layers:
+        return _hybrid_state_tokens(kv_bytes_per_gpu, layout, max_model_len, block_size)
     if layout.sliding_layers and layout.full_layers:
         group = min(layout.full_layers, layout.sliding_layers)
         if max(layout.full_layers, layout.sliding_layers) % group:
@@ -225,6 +319,39 @@ def kv_cache_tokens(kv_bytes_per_gpu: int, layout: KvLayout, max_model_len: int,
     else:
         blocks = kv_bytes_per_gpu // (layout.bytes_per_token_per_gpu * block_size)
         per_request = math.ceil(max_model_len / block_size)
+    concurrency = blocks / per_request
+    return int(concurrency * max_model_len), concurrency
+
+
+def _compressed_tokens(kv_bytes_per_gpu: int, layout: KvLayout, max_model_len: int,
+                       max_num_batched_tokens: int) -> tuple[int, float]:
+    """DeepSeek-V4: a request at max_model_len takes ceil(len / 256) blocks of every compressed cache, and for each
+    windowed cache the blocks vLLM reserves for it (SlidingWindowSpec.max_admission_blocks_per_request: the window
+    less one plus the tokens in flight, in blocks, plus one). vLLM's packing of these groups into one pool
+    (kv_cache_utils._get_packed_kv_cache_groups) may pad pages further; that padding is not counted."""
+    per_request = math.ceil(max_model_len / layout.block_tokens) * layout.block_bytes_per_gpu
+    for window, block, page, layers in layout.windows:
+        tokens = min(window - 1 + max_num_batched_tokens, max_model_len)
+        per_request += layers * (math.ceil(tokens / block) + 1) * page
+    concurrency = kv_bytes_per_gpu / per_request
+    return int(concurrency * max_model_len), concurrency
+
+
+def _hybrid_state_tokens(kv_bytes_per_gpu: int, layout: KvLayout, max_model_len: int,
+                         block_size: int) -> tuple[int, float]:
+    """Full-attention layers beside linear-attention layers (vLLM's hybrid KV-cache manager): the attention block
+    grows until one layer's page holds a linear layer's state, every page is that size, and layers form groups of
+    equal size; a request takes ceil(len / block) pages per full group and a fixed few per linear group."""
+    per_layer_token = layout.bytes_per_token_per_gpu // layout.full_layers
+    block = max(block_size, KERNEL_BLOCK * -(-layout.state_bytes_per_layer_per_gpu // (KERNEL_BLOCK * per_layer_token)))
+    page = block * per_layer_token
+    # Group size (vllm/v1/core/kv_cache_utils.py, layers of each kind split into equal groups, the last padded):
+    # the smaller count, or the larger when it is under 1.5 times the smaller.
+    small, large = sorted((layout.full_layers, layout.state_layers))
+    group = large if large < small * 1.5 else small
+    blocks = kv_bytes_per_gpu // (page * group)
+    per_request = (math.ceil(layout.full_layers / group) * math.ceil(max_model_len / block)
+                   + math.ceil(layout.state_layers / group) * STATE_PAGES_PER_REQUEST)
     concurrency = blocks / per_request
     return int(concurrency * max_model_len), concurrency
 
