@@ -7,6 +7,7 @@ import re
 from typing import get_args
 
 import pytest
+from tests.unit.conftest import Planned
 
 from kiln.choice.schema import Choice, Quantization
 from kiln.planner.plan import fit_plans
@@ -72,14 +73,14 @@ def check(kiln: Kiln, machine_name: str, profile_name: str, plan: Plan) -> None:
             assert found and p.band.low - 1 <= _number(found.group(1)) <= p.band.high + 1
 
 
-def test_every_plan_explains_itself_truthfully(kiln: Kiln) -> None:
+def test_every_plan_explains_itself_truthfully(kiln: Kiln, planned: Planned) -> None:
     checked = 0
     for machine in kiln.fixtures():
         for name in kiln.catalog().names():
             profile = kiln.catalog().get(name)
             if profile.cpu_only or not machine.gpus:
                 continue
-            plan = make_plan(machine, profile, Choice(), kiln.constants)
+            plan = planned(machine.name, name, "throughput")
             if isinstance(plan, Refusal):
                 assert plan.reason
                 continue

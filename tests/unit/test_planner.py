@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit.conftest import Planned
 
 from kiln.choice.schema import Choice
 from kiln.hardware.detect import detect_recorded
@@ -148,10 +149,10 @@ def test_planning_is_pure(kiln: Kiln) -> None:
 
 
 @pytest.mark.parametrize("machine", GPU_FIXTURES)
-def test_every_profile_plans_or_refuses_clearly(kiln: Kiln, machine: str) -> None:
+def test_every_profile_plans_or_refuses_clearly(kiln: Kiln, planned: Planned, machine: str) -> None:
     for name in kiln.catalog().names():
         for objective in ("throughput", "latency"):
-            result = plan(kiln, machine, name, objective=objective)
+            result = planned(machine, name, objective)
             if isinstance(result, Refusal):
                 assert result.reason
                 continue

@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from tests.unit.conftest import Planned
 from tests.unit.test_planner import GPU_FIXTURES
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
@@ -34,20 +35,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def all_plans(kiln: Kiln) -> list[tuple[str, str, str, Plan]]:
+def all_plans(kiln: Kiln, planned: Planned) -> list[tuple[str, str, str, Plan]]:
     plans = []
     for machine_name in [*GPU_FIXTURES, "cpu-only"]:
-        machine = kiln.machine(machine_name)
         for name in kiln.catalog().names():
             for objective in ("throughput", "latency"):
-                result = make_plan(machine, kiln.catalog().get(name), Choice(objective=objective), kiln.constants)
+                result = planned(machine_name, name, objective)
                 if isinstance(result, Plan):
                     plans.append((machine_name, name, objective, result))
     return plans
 
 
-def test_every_rendered_argv_parses_with_vllm(kiln: Kiln) -> None:
-    plans = all_plans(kiln)
+def test_every_rendered_argv_parses_with_vllm(kiln: Kiln, planned: Planned) -> None:
+    plans = all_plans(kiln, planned)
     assert len(plans) >= 60
     for machine, profile, objective, p in plans:
         for inst in render_instances(p, Runtime()):
