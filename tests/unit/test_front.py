@@ -3,6 +3,7 @@ small upstream standing in for the router, over TLS with the certificate pinned.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import shutil
@@ -20,11 +21,13 @@ import pytest
 import requests
 
 from kiln.choice.schema import Choice, NamedKey, TlsAcme, validate_fields
+from kiln.cli.main import main
 from kiln.serve.acme import Issued
-from kiln.serve.front import Front
-from kiln.serve.keys import KeyChangeError, KeyStore
+from kiln.serve.front import Front, FrontConfigError
+from kiln.serve.keys import KeyChangeError, KeyStore, redact
 from kiln.serve.layout import ServeLayout
-from kiln.serve.proxy import ProxySettings, nginx_argv
+from kiln.serve.proxy import ProxySettings, TlsFiles, nginx_argv
+from kiln.serve.secretfiles import KeyStoreError
 from kiln.serve.tls import CertificateError, check_pair, covers, inspect, make_self_signed
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.timezone.utc)
@@ -150,7 +153,7 @@ def running(traversable_tmp: Path) -> Iterator[Running]:
     upstream = ThreadingHTTPServer(("127.0.0.1", layout.router_port), Upstream)
     upstream.daemon_threads = True
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    front = Front(layout, ProxySettings(max_in_flight=64))
+    front = Front(layout, ProxySettings(max_in_flight=64), nginx=nginx)
     front.load_keys("kiln-default-key-0123456789", {"ci": NamedKey(key="kiln-ci-key-0123456789",
                                                                     requests_per_minute=6)})
     tls = front.choose_tls("self-signed", ["127.0.0.1", "localhost"])
@@ -254,3 +257,53 @@ def test_a_renewal_window_longer_than_the_certificate_never_loops(tmp_path: Path
     assert tls.mode == "acme" and not front.acme_due()  # just issued: not again at once
     now[0] = info.not_after - dt.timedelta(days=29)  # within the last third of its 90 days
     assert front.acme_due()
+
+
+def test_a_key_compares_exactly_and_a_key_differing_in_case_is_another_key(running: Running) -> None:
+    key = "kiln-default-key-0123456789"
+    assert running.get(key).status_code == 200
+    for other in (key.upper(), key.swapcase(), key.capitalize()):
+        assert running.get(other).status_code == 401
+    running.front.keys = running.front.keys.add("clash", key.swapcase())
+    running.apply()  # nginx takes it: a key with its case swapped is another key, not a conflicting one
+    time.sleep(0.3)
+    assert running.get(key.swapcase()).json()["key"] == "clash" and running.get(key).json()["key"] == "default"
+
+
+def test_a_configuration_nginx_refuses_never_replaces_the_live_one(running: Running) -> None:
+    live = running.front.layout.proxy_config
+    before = live.read_text()
+    good_tls = running.front.tls
+    assert good_tls.files is not None
+    running.front.keys = running.front.keys.add("new", "kiln-new-key-0123456789")
+    running.front.tls = dataclasses.replace(good_tls, files=TlsFiles(good_tls.files.certificate,
+                                                                     live.parent / "missing.key"))
+    with pytest.raises(FrontConfigError, match="nginx refuses") as refused:
+        running.front.write_config()
+    assert live.read_text() == before and not list(live.parent.glob("*.new*"))
+    said = refused.value.message()
+    assert all(k.secret.lower() not in said.lower() for k in running.front.keys.keys)
+    running.nginx.send_signal(1)
+    time.sleep(0.3)
+    assert running.get("kiln-default-key-0123456789").status_code == 200  # still the old configuration
+
+
+def test_no_key_reaches_an_error_message_in_any_case() -> None:
+    store = KeyStore().add("a", "kiln-Secret-key-0123456789")
+    line = 'nginx: [emerg] conflicting parameter "bearer kiln-secret-key-0123456789" in nginx.conf:31'
+    assert "secret-key" not in store.redact(line).lower() and "[a key]" in store.redact(line)
+    assert "zzz-token" not in redact("Authorization: Bearer zzz-token-that-is-unknown", [])
+
+
+def test_a_corrupt_key_store_is_kept_and_stops_every_reader(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    layout = ServeLayout(state_dir=tmp_path)
+    layout.keys_file.parent.mkdir(parents=True, exist_ok=True)
+    layout.keys_file.write_text('{"keys": [{"name": "ci", "key": "kiln-')
+    front = Front(layout, ProxySettings(max_in_flight=8))
+    with pytest.raises(KeyStoreError, match="cannot be read") as refused:
+        front.load_keys("kiln-user-data-key-0123456789", None)
+    assert "mv " in refused.value.fix
+    assert layout.keys_file.read_text() == '{"keys": [{"name": "ci", "key": "kiln-'  # kept as it was
+    assert main(["keys", "list", "--state-dir", str(tmp_path)]) != 0
+    assert "cannot be read" in capsys.readouterr().err

@@ -107,15 +107,19 @@ def signal_reload(state_dir: Path, health: str, renew: bool = False,
 
 def cmd_reload(_kiln: Kiln, args: argparse.Namespace) -> int:
     report = signal_reload(args.state_dir, args.health, args.renew_certificate)
+    refused = (report or {}).get("error")
     if args.json:
         print_json({"reload": report})
+    elif refused:
+        raise KilnError(f"the agent refused the reload, nothing changed: {refused.get('what')}",
+                        fix=refused.get("fix") or "see `kiln status`")
     elif report is None:
         print(f"kiln reload: signalled the agent; no report within {RELOAD_WAIT_S:.0f} s (see `kiln status`)")
     else:
         rolling = " (a rolling change of the instances follows: `kiln status`)" if report.get("rolling") else ""
         print(f"kiln reload: {', '.join(report.get('changed') or []) or 'nothing changed'}, applied "
               f"{report['applied_s']:.2f} s after the signal{rolling}")
-    return 0 if report is not None else 1
+    return 0 if report is not None and not refused else 1
 
 
 def cmd_keys(_kiln: Kiln, args: argparse.Namespace) -> int:
@@ -146,6 +150,11 @@ def cmd_keys(_kiln: Kiln, args: argparse.Namespace) -> int:
     report = None
     with contextlib.suppress(KilnError):
         report = signal_reload(args.state_dir, args.health, until_planned=False)
+    refused = (report or {}).get("error")
+    if refused:  # the agent kept the keys before the change: so does the store
+        save_keys(layout.keys_file, store)
+        raise KilnError(f"the agent refused the change, nothing changed: {refused.get('what')}",
+                        fix=refused.get("fix") or "see `kiln status`")
     key = changed.get(args.name)
     shown = key.secret if key and args.action in ("add", "rotate") else None
     if args.json:

@@ -441,7 +441,7 @@ class Agent:
         if not router:
             raise KilnError("vllm-router is not installed", fix="pip install vllm-router in kiln's environment")
         settings = ProxySettings(max_in_flight=self._max_in_flight(decision), worker_user=options.proxy_user)
-        self.endpoint = Endpoint(Front(layout, settings),
+        self.endpoint = Endpoint(Front(layout, settings, nginx=nginx),
                                  self.state, options.advertised_host, options.tls_names, self._write_motd_text,
                                  self._reload_proxy)
         self.endpoint.configure(resolved)
@@ -552,10 +552,18 @@ class Agent:
             return
         for problem in resolved.problems:
             log.warning("reload: %s", problem.text())
-        changed = self.endpoint.reload(resolved)
+        report: dict[str, object] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "changed": [],
+                                     "seconds": 0.0, "planned": False, "rolling": None}
+        try:
+            changed = self.endpoint.reload(resolved)
+        except KilnError as exc:  # nginx refused the change, or the key store cannot be read: nothing changed
+            log.error("reload: %s (fix: %s)", exc.what, exc.fix)
+            self.state.fail(f"reload: {exc.what}", exc.fix)
+            self.state.reload = {**report, "seconds": round(time.monotonic() - started, 3), "planned": True,
+                                 "error": {"what": exc.what, "fix": exc.fix}}
+            return
         # Keys and certificate are in force now; the plan is read next (the Hub may be asked).
-        report = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "changed": changed,
-                  "seconds": round(time.monotonic() - started, 3), "planned": False, "rolling": None}
+        report |= {"changed": changed, "seconds": round(time.monotonic() - started, 3)}
         self.state.reload = report
         plan = self._changed_plan(resolved)
         changed = [*changed, "plan"] if plan is not None else changed

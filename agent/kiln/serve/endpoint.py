@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kiln.choice.resolve import ResolvedChoice
+from kiln.errors import KilnError
 from kiln.serve.acme import AcmeError, issue_certificate
 from kiln.serve.front import Front, TlsState
 from kiln.serve.state import AgentState
@@ -36,9 +37,14 @@ class Endpoint:
         """Keys and certificate from the choice, into nginx's configuration (nginx re-reads it on reload_proxy)."""
         names = tuple(dict.fromkeys((*resolved.addresses, self.advertised_host, *self.tls_names)))
         with self._lock:
-            keys = self.front.load_keys(resolved.choice.api_key, resolved.choice.api_keys)
-            tls = self.front.choose_tls(resolved.choice.tls, names)
-            self.front.write_config()
+            before = (self.front.keys, self.front.tls)
+            try:
+                keys = self.front.load_keys(resolved.choice.api_key, resolved.choice.api_keys)
+                tls = self.front.choose_tls(resolved.choice.tls, names)
+                self.front.write_config()
+            except KilnError:  # nginx keeps serving the configuration before; so do /status and the MOTD
+                self.front.keys, self.front.tls = before
+                raise
         if tls.problem:
             log.warning("%s", tls.problem.text())
             self.state.fail(f"{tls.problem.source}: {tls.problem.field}: {tls.problem.what}", tls.problem.fix)
@@ -49,7 +55,8 @@ class Endpoint:
         return tls
 
     def reload(self, resolved: ResolvedChoice) -> list[str]:
-        """Keys, rates and the certificate in force at once; what changed."""
+        """Keys, rates and the certificate in force at once; what changed. A KilnError when nginx refuses the new
+        configuration or the key store cannot be read: then nothing changed."""
         self._acme_retry_at = 0.0  # a reload retries a failed ACME order at once
         before = (self.front.keys, self.front.tls.info)
         self.configure(resolved)

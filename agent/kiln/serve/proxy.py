@@ -6,6 +6,7 @@ workers, and it serves its worker-management API on the same port, so it cannot 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +45,19 @@ def _error(message: str, kind: str, code: str) -> str:
     return "'" + body.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _literal(secret: str) -> str:
+    """A key as a regular expression matching only itself (a key holds letters, digits and ._~+-)."""
+    return re.sub(r"([.+])", r"\\\1", secret)
+
+
 def _key_lines(keys: KeyStore) -> tuple[str, str, str]:
     """The map from the Authorization header to a key's name, and one rate-limit zone per limited key."""
     for key in keys.keys:
         if len(key.secret) < 16 or any(ch in key.secret for ch in UNSAFE):
             raise ValueError(f"the key named {key.name} holds characters nginx cannot take literally")
-    names = "\n".join(f'        "Bearer {k.secret}" {k.name};' for k in keys.keys)
+    # A regular expression (`~`) compares exactly: nginx compares a map's plain strings without regard to case, so a
+    # key with its letters' case changed would pass, and two such keys would make a configuration nginx refuses.
+    names = "\n".join(f'        "~^Bearer {_literal(k.secret)}$" {k.name};' for k in keys.keys)
     zones, limits = [], []
     for i, key in enumerate(k for k in keys.keys if k.requests_per_minute):
         rate = key.requests_per_minute or 0
@@ -220,6 +228,11 @@ def find_nginx() -> str | None:
     if found:
         return found
     return next((p for p in NGINX_CANDIDATES if Path(p).is_file()), None)
+
+
+def nginx_test_argv(nginx: str, layout: ServeLayout, config: Path) -> tuple[str, ...]:
+    """nginx's own check of a configuration (`nginx -t`), with the prefix the live one runs with."""
+    return (nginx, "-t", "-q", "-p", f"{layout.proxy_config.parent}/", "-c", str(config), "-e", "stderr")
 
 
 def nginx_argv(nginx: str, layout: ServeLayout) -> tuple[str, ...]:
