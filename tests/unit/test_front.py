@@ -100,9 +100,28 @@ class Upstream(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
+        answer = self.headers.get("X-Answer")
+        if answer:
+            self._answer(answer)
+            return
         body = json.dumps({"key": self.headers.get("X-Kiln-Key"), "auth": self.headers.get("Authorization")}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _answer(self, answer: str) -> None:
+        """The router's own answers: plain text, an empty 405, a dropped connection; and vLLM's JSON 400."""
+        if answer == "drop":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        code = int(answer.removesuffix("json"))
+        body = (json.dumps({"error": {"message": "vLLM says why", "type": "BadRequestError", "code": 400}})
+                if answer.endswith("json") else ("" if code == 405 else "No available workers")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json" if answer.endswith("json") else "text/plain")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -153,7 +172,7 @@ def running(traversable_tmp: Path) -> Iterator[Running]:
     upstream = ThreadingHTTPServer(("127.0.0.1", layout.router_port), Upstream)
     upstream.daemon_threads = True
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    front = Front(layout, ProxySettings(max_in_flight=64), nginx=nginx)
+    front = Front(layout, ProxySettings(max_in_flight=64, max_body_bytes=2**20), nginx=nginx)
     front.load_keys("kiln-default-key-0123456789", {"ci": NamedKey(key="kiln-ci-key-0123456789",
                                                                     requests_per_minute=6)})
     tls = front.choose_tls("self-signed", ["127.0.0.1", "localhost"])
@@ -307,3 +326,35 @@ def test_a_corrupt_key_store_is_kept_and_stops_every_reader(tmp_path: Path,
     assert layout.keys_file.read_text() == '{"keys": [{"name": "ci", "key": "kiln-'  # kept as it was
     assert main(["keys", "list", "--state-dir", str(tmp_path)]) != 0
     assert "cannot be read" in capsys.readouterr().err
+
+
+def test_every_https_answer_carries_hsts(running: Running) -> None:
+    answers = [running.get("kiln-wrong-key-0123456789"), running.get("kiln-default-key-0123456789", "/other")]
+    answers += [running.get("kiln-ci-key-0123456789") for _ in range(3)]  # the third is rate limited
+    assert [a.status_code for a in answers] == [401, 404, 200, 200, 429]
+    assert all(a.headers.get("Strict-Transport-Security", "").startswith("max-age=") for a in answers)
+
+
+def test_every_error_of_the_endpoint_is_openai_shaped_json(running: Running) -> None:
+    key = {"Authorization": "Bearer kiln-default-key-0123456789"}
+    replies = {f"router {answer}": requests.get(f"{running.base}/v1/models", headers={**key, "X-Answer": answer},
+                                                verify=running.cert, timeout=10)
+               for answer in ("405", "422", "503", "drop")}
+    replies["body too large"] = requests.post(f"{running.base}/v1/completions", headers=key, data=b"x" * 2**21,
+                                              verify=running.cert, timeout=10)
+    replies["uri too long"] = requests.get(f"{running.base}/v1/models?{'a' * 9000}", headers=key,
+                                           verify=running.cert, timeout=10)
+    replies["bad header"] = requests.get(f"{running.base}/v1/models", headers={**key, "Host": "a b"},
+                                         verify=running.cert, timeout=10)
+    assert {what: r.status_code for what, r in replies.items()} == {
+        "router 405": 405, "router 422": 422, "router 503": 503, "router drop": 502, "body too large": 413,
+        "uri too long": 414, "bad header": 400}
+    for what, reply in replies.items():
+        error = reply.json()["error"]
+        assert set(error) == {"message", "type", "code"} and error["message"], what
+        assert reply.headers["Strict-Transport-Security"].startswith("max-age="), what
+    vllm = requests.get(f"{running.base}/v1/models", headers={**key, "X-Answer": "400json"}, verify=running.cert,
+                        timeout=10)
+    assert vllm.status_code == 400 and vllm.json()["error"]["message"] == "vLLM says why"  # vLLM's own words pass
+    inside = requests.get(f"{running.base}/.kiln-error/502", headers=key, verify=running.cert, timeout=10)
+    assert inside.status_code == 404 and inside.json()["error"]["code"] == "not_found"

@@ -21,6 +21,24 @@ RETRIES = 2  # passes of a failed request back to the router, each to the next w
 PUBLIC_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses")
 KEY_HEADER = "X-Kiln-Key"  # the name of the key a request came with, set by nginx over whatever the client sent
 UNSAFE = "\"'\\$; \n{}"  # characters a key may not hold in nginx's configuration
+# Repeated in every block that adds a header: nginx's add_header in a location (or an `if`) replaces the server's.
+HSTS = 'add_header Strict-Transport-Security "max-age=63072000" always;'
+# nginx's own error pages (HTML), and the router's plain-text answers, as OpenAI's JSON errors.
+NGINX_ERRORS = {400: ("the request cannot be read (malformed HTTP or headers too large)", "invalid_request_error",
+                      "bad_request"),
+                404: ("not found", "invalid_request_error", "not_found"),
+                405: ("method not allowed on this path", "invalid_request_error", "method_not_allowed"),
+                413: ("the request body is too large", "invalid_request_error", "request_too_large"),
+                414: ("the request URI is too long", "invalid_request_error", "uri_too_long"),
+                422: ("the request body is not a valid request", "invalid_request_error", "invalid_request"),
+                500: ("internal error; retry", "server_error", "internal_error"),
+                502: ("no model instance answered; retry shortly (`kiln status` shows why)", "server_error",
+                      "unavailable"),
+                503: ("no model instance is serving now; retry shortly (`kiln status` shows why)", "server_error",
+                      "unavailable"),
+                504: ("the model instance did not answer in time; retry", "server_error", "timeout")}
+# Turned to JSON on the API's paths: nginx's own (413, 502, 504) and the router's plain-text answers (405, 422, 503).
+API_ERRORS = (405, 413, 422, 502, 503, 504)
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 
 
@@ -80,6 +98,19 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
     servers = "\n".join(f"        server {layout.local_host}:{layout.router_port} max_fails=0;"
                         for _ in range(RETRIES + 1))
     key_names, rate_zones, rate_limits = _key_lines(keys)
+    hsts = f"            {HSTS}" if tls else ""
+    # Plain internal locations, not named ones: nginx cannot redirect a request whose line it refused (414) to a
+    # named location (it answers 500).
+    error_locations = "\n".join(f"""        location = /.kiln-error/{code} {{
+            internal;
+{hsts}
+            return {code} {_error(*NGINX_ERRORS[code])};
+        }}""" for code in NGINX_ERRORS)
+    own = ["error_page 401 @unauthorized;", "error_page 429 @overloaded;"]
+    server_pages = "\n".join(f"        {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};" for c in NGINX_ERRORS)])
+    # A location's own error_page replaces every one it would inherit: the API's location lists those it needs,
+    # less 400 and 500, which vLLM answers in JSON with what is wrong (nginx's 400 comes before any location).
+    api_pages = "\n".join(f"            {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};" for c in API_ERRORS)])
     user = f"user {settings.worker_user};\n" if settings.worker_user else ""
     api_port = layout.api_port(tls is not None)
     if tls:
@@ -93,7 +124,7 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
                   "        ssl_session_cache shared:kiln_tls:10m;\n"
                   "        ssl_session_timeout 1d;\n"
                   "        ssl_session_tickets off;\n"
-                  "        add_header Strict-Transport-Security \"max-age=63072000\" always;")
+                  f"        {HSTS}")
     else:
         listen = f"        listen {layout.public_host}:{api_port} backlog=4096;"
     challenge = f"""
@@ -155,21 +186,24 @@ http {{
     server {{
 {listen}
 {challenge if not tls else ""}
-        error_page 401 @unauthorized;
+{server_pages}
         location @unauthorized {{
             add_header WWW-Authenticate 'Bearer realm="kiln"' always;
+{hsts}
             return 401 {unauthorized};
         }}
+{error_locations}
 
         limit_conn kiln_in_flight {settings.max_in_flight};
         limit_conn_status 429;
-        error_page 429 @overloaded;
         location @overloaded {{
             if ($limit_req_status = REJECTED) {{
                 add_header Retry-After 60 always;
+    {hsts}
                 return 429 {rate_limited};
             }}
             add_header Retry-After {settings.retry_after_s} always;
+{hsts}
             return 429 {overloaded};
         }}
 
@@ -205,6 +239,9 @@ http {{
             proxy_set_header X-Request-Id $request_id;
             proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;
             proxy_next_upstream_tries {RETRIES + 1};
+            # The router's plain-text answers become JSON; vLLM's own JSON errors (400, 404, 500) pass as they are.
+            proxy_intercept_errors on;
+{api_pages}
             proxy_connect_timeout 5s;
             proxy_buffering off;
             proxy_cache off;
