@@ -23,11 +23,13 @@ import requests
 from kiln.choice.schema import Choice, NamedKey, TlsAcme, validate_fields
 from kiln.cli.main import main
 from kiln.serve.acme import Issued
+from kiln.serve.endpoint import Endpoint
 from kiln.serve.front import Front, FrontConfigError
 from kiln.serve.keys import KeyChangeError, KeyStore, redact
 from kiln.serve.layout import ServeLayout
 from kiln.serve.proxy import ProxySettings, TlsFiles, nginx_argv
 from kiln.serve.secretfiles import KeyStoreError
+from kiln.serve.state import AgentState
 from kiln.serve.tls import CertificateError, check_pair, covers, inspect, make_self_signed
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.timezone.utc)
@@ -358,3 +360,27 @@ def test_every_error_of_the_endpoint_is_openai_shaped_json(running: Running) -> 
     assert vllm.status_code == 400 and vllm.json()["error"]["message"] == "vLLM says why"  # vLLM's own words pass
     inside = requests.get(f"{running.base}/.kiln-error/502", headers=key, verify=running.cert, timeout=10)
     assert inside.status_code == 404 and inside.json()["error"]["code"] == "not_found"
+
+
+def test_a_failure_after_an_acme_order_backs_off(tmp_path: Path) -> None:
+    front = Front(ServeLayout(state_dir=tmp_path), ProxySettings(max_in_flight=8))
+    front.load_keys("kiln-default-key-0123456789", None)
+    front.choose_tls(TlsAcme(domain="llm.example.com"), ["203.0.113.7"])
+    orders: list[str] = []
+
+    def issue(directory: str, domain: str, *args: object, **kwargs: object) -> Issued:
+        orders.append(domain)  # what the CA answers: a certificate for the domain, with its key
+        cert, key = make_self_signed([domain], dt.datetime.now(dt.timezone.utc), days=90)
+        return Issued(cert, key, inspect(cert).not_after)
+
+    (front.layout.tls_dir / "acme-llm.example.com.crt").mkdir(parents=True)  # the certificate cannot be written
+    state = AgentState(endpoint="", health="", keys_file="")
+    endpoint = Endpoint(front, state, "127.0.0.1", (), motd=lambda text: None, reload_proxy=lambda: None,
+                        issue=issue)
+    for _ in range(5):  # the agent's loop calls it every 0.2 s
+        endpoint.renew()
+        if endpoint._acme:
+            endpoint._acme.join(timeout=10)
+    assert orders == ["llm.example.com"]
+    assert state.last_error is not None and "cannot be put in place" in state.last_error.what
+    assert "retries in 10 minutes" in state.last_error.fix

@@ -18,7 +18,7 @@ import pytest
 
 from kiln.processes import LocalProcesses, ProcessSpec
 from kiln.serve.agent import http_probe
-from kiln.serve.supervisor import READY, RESTARTING, UNRESPONSIVE, Member, Supervisor, SupervisorSettings
+from kiln.serve.supervisor import READY, RESTARTING, STARTING, UNRESPONSIVE, Member, Supervisor, SupervisorSettings
 
 
 class RecordedRouting:
@@ -227,3 +227,37 @@ def test_a_held_instance_stays_stopped_until_released_and_counts_its_launches(tm
         assert engine.launches == 2 and engine.restarts == 0
     finally:
         sup.stop()
+
+
+class RefusingRouting(RecordedRouting):
+    refusing = False
+
+    def add(self, url: str) -> None:
+        if self.refusing:
+            raise ConnectionError("router restarting")
+        super().add(url)
+
+
+def test_a_router_refusal_does_not_let_one_late_check_kill_a_long_serving_instance() -> None:
+    now = [0.0]
+    member = Member(ProcessSpec("a", ("sleep", "60")), probe_url="http://127.0.0.1:9/health",
+                    route_url="http://127.0.0.1:9")
+    answers = [True, False]
+    routing = RefusingRouting()
+    sup = Supervisor(launcher=LocalProcesses(), routing=routing, probe=lambda url: answers.pop(0),
+                     settings=SupervisorSettings(start_timeout_s=600), clock=lambda: now[0], instances=[member])
+    member.running = LocalProcesses().start(member.spec)
+    try:
+        sup._set(member, STARTING, now[0], "started")
+        now[0] = 30.0
+        sup.tick()
+        assert member.state == READY and member.routed
+        now[0], member.routed, routing.refusing = 1800.0, False, True  # half an hour on, the router restarted
+        sup._reroute_all()  # ... and refuses it: it waits to join again at its next check
+        assert member.state == STARTING and not member.routed
+        now[0] = 1805.0
+        sup.tick()  # one check comes late
+        assert member.state == STARTING and member.running is not None and member.restarts == 0
+    finally:
+        if member.running:
+            member.running.stop(0)

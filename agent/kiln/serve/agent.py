@@ -657,7 +657,7 @@ class Agent:
             if not member.route_url or member.running is None or member.running.exit_code() is not None:
                 return
             text = _fetch(f"{member.route_url}/metrics", timeout_s=5)
-            if text and prom.requests_in_flight(text) == 0:
+            if prom.requests_in_flight(text) == 0:  # None (no answer, or one that does not parse) is not idle
                 idle_since = time.monotonic() if idle_since is None else idle_since
                 if time.monotonic() - idle_since >= DRAIN_SETTLE_S:
                     return

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kiln.choice.resolve import ResolvedChoice
 from kiln.errors import KilnError
-from kiln.serve.acme import AcmeError, issue_certificate
+from kiln.serve.acme import AcmeError, Issued, issue_certificate
 from kiln.serve.front import Front, TlsState
 from kiln.serve.state import AgentState
 
@@ -30,6 +30,7 @@ class Endpoint:
     motd: Callable[[str], None]  # writes the login message
     reload_proxy: Callable[[], None]  # SIGHUP to nginx's master
     _lock: threading.Lock = field(default_factory=threading.Lock)  # a reload and the ACME thread both write
+    issue: Callable[..., Issued] = issue_certificate  # the ACME order (kiln.serve.acme)
     _acme: threading.Thread | None = None
     _acme_retry_at: float = 0.0
 
@@ -101,20 +102,28 @@ class Endpoint:
         assert wanted is not None
         log.info("TLS: asking %s for a certificate for %s", wanted.directory, wanted.domain)
         try:
-            issued = issue_certificate(wanted.directory, wanted.domain, wanted.email, self.front.acme_account_key,
-                                       layout.acme_webroot, progress=lambda text: log.info("ACME: %s", text))
-        except AcmeError as exc:
-            self._acme_retry_at = time.monotonic() + ACME_RETRY_S
-            fix = (f"point {wanted.domain}'s DNS at this machine and keep port 80 open; kiln retries in "
-                   f"{ACME_RETRY_S / 60:.0f} minutes (or `kiln reload`)")
-            log.warning("TLS: no certificate from ACME: %s (fix: %s)", exc, fix)
-            self.state.fail(f"tls: ACME: {exc}", fix)
-            self.state.tls = {**(self.state.tls or {}), "problem": {"error": str(exc), "fix": fix}}
+            issued = self.issue(wanted.directory, wanted.domain, wanted.email, self.front.acme_account_key,
+                                layout.acme_webroot, progress=lambda text: log.info("ACME: %s", text))
+        except Exception as exc:  # any failure backs off: every order counts against the CA's rate limits
+            self._back_off(f"ACME: {exc}" if isinstance(exc, AcmeError) else f"ACME: {exc.__class__.__name__}: {exc}",
+                           f"point {wanted.domain}'s DNS at this machine and keep port 80 open")
             return
-        with self._lock:
-            tls = self.front.acme_issued(issued)
-            self.front.write_config()
-        self.reload_proxy()
+        try:
+            with self._lock:
+                tls = self.front.acme_issued(issued)
+                self.front.write_config()
+            self.reload_proxy()
+        except Exception as exc:  # issued, but not put in place: ordering again at once would only repeat this
+            self._back_off(f"the ACME certificate was issued but cannot be put in place: {exc}",
+                           f"free space and check the permissions of {layout.tls_dir}")
+            return
         self.state.tls = tls.as_dict()
         self.motd(self.motd_text())
         log.info("TLS: serving the ACME certificate for %s until %s", wanted.domain, issued.not_after.isoformat())
+
+    def _back_off(self, what: str, fix: str) -> None:
+        self._acme_retry_at = time.monotonic() + ACME_RETRY_S
+        fix = f"{fix}; kiln retries in {ACME_RETRY_S / 60:.0f} minutes (or `kiln reload`)"
+        log.warning("TLS: no certificate from ACME: %s (fix: %s)", what, fix)
+        self.state.fail(f"tls: {what}", fix)
+        self.state.tls = {**(self.state.tls or {}), "problem": {"error": what, "fix": fix}}

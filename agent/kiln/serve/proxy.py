@@ -107,10 +107,12 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
             return {code} {_error(*NGINX_ERRORS[code])};
         }}""" for code in NGINX_ERRORS)
     own = ["error_page 401 @unauthorized;", "error_page 429 @overloaded;"]
-    server_pages = "\n".join(f"        {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};" for c in NGINX_ERRORS)])
+    server_pages = "\n".join(f"        {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};"
+                                                             for c in NGINX_ERRORS)])
     # A location's own error_page replaces every one it would inherit: the API's location lists those it needs,
     # less 400 and 500, which vLLM answers in JSON with what is wrong (nginx's 400 comes before any location).
-    api_pages = "\n".join(f"            {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};" for c in API_ERRORS)])
+    api_pages = "\n".join(f"            {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};"
+                                                             for c in API_ERRORS)])
     user = f"user {settings.worker_user};\n" if settings.worker_user else ""
     api_port = layout.api_port(tls is not None)
     if tls:

@@ -319,7 +319,8 @@ class Supervisor:
             self._note(member, "joined routing")
         except Exception as exc:  # the router may be restarting: the next probe retries
             member.last_error = f"router refused the worker: {exc}"
-            member.state = STARTING
+            # Starting from now: the start timeout counts from the refusal, not from when it last started.
+            self._set(member, STARTING, self.clock(), f"{member.last_error}; joining at the next check")
 
     def _unroute(self, member: Member) -> None:
         if member is self.router:
