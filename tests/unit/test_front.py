@@ -20,11 +20,15 @@ from pathlib import Path
 import pytest
 import requests
 
+from kiln.bench.client import discover
 from kiln.choice.schema import Choice, NamedKey, TlsAcme, validate_fields
+from kiln.cli.bench import local_endpoint
 from kiln.cli.main import main
+from kiln.errors import KilnError
 from kiln.serve.acme import Issued
 from kiln.serve.endpoint import Endpoint
 from kiln.serve.front import Front, FrontConfigError
+from kiln.serve.health import HealthServer
 from kiln.serve.keys import KeyChangeError, KeyStore, redact
 from kiln.serve.layout import ServeLayout
 from kiln.serve.proxy import ProxySettings, TlsFiles, nginx_argv
@@ -106,7 +110,8 @@ class Upstream(BaseHTTPRequestHandler):
         if answer:
             self._answer(answer)
             return
-        body = json.dumps({"key": self.headers.get("X-Kiln-Key"), "auth": self.headers.get("Authorization")}).encode()
+        body = json.dumps({"key": self.headers.get("X-Kiln-Key"), "auth": self.headers.get("Authorization"),
+                           "data": [{"id": "tiny", "root": "tiny"}]}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -201,7 +206,8 @@ def running(traversable_tmp: Path) -> Iterator[Running]:
 @pytest.mark.filterwarnings("ignore:ssl.TLSVersion:DeprecationWarning")
 def test_https_with_the_certificate_pinned_and_port_80_redirects(running: Running) -> None:
     reply = running.get("kiln-default-key-0123456789")
-    assert reply.status_code == 200 and reply.json() == {"key": "default", "auth": None}  # the key goes no further
+    assert reply.status_code == 200 and reply.json()["key"] == "default"
+    assert reply.json()["auth"] is None  # the key goes no further
     assert reply.headers["Strict-Transport-Security"].startswith("max-age=")
     with pytest.raises(requests.exceptions.SSLError):  # an unpinned client refuses the self-signed certificate
         requests.get(f"{running.base}/v1/models", timeout=5)
@@ -384,3 +390,34 @@ def test_a_failure_after_an_acme_order_backs_off(tmp_path: Path) -> None:
     assert orders == ["llm.example.com"]
     assert state.last_error is not None and "cannot be put in place" in state.last_error.what
     assert "retries in 10 minutes" in state.last_error.fix
+
+
+def test_kilns_tools_pin_kilns_own_certificate(running: Running, tmp_path: Path) -> None:
+    key = "kiln-default-key-0123456789"
+    with pytest.raises(KilnError, match="not trusted") as refused:
+        discover(running.base, key)
+    assert "--cacert" in refused.value.fix
+    assert discover(running.base, key, running.cert).model == "tiny"
+    layout = running.front.layout  # this machine's agent: its certificate and its model's folder are found
+    model = tmp_path / "models" / "tiny"
+    model.mkdir(parents=True)
+    layout.runtime_file.write_text(json.dumps({"processes": [{"name": "vllm-0", "argv": ["vllm", "--model",
+                                                                                       str(model)]}]}))
+    assert local_endpoint(running.base, layout.state_dir) == (running.cert, str(model))
+    assert local_endpoint("https://203.0.113.7:8000", layout.state_dir) == (None, None)
+
+
+def test_kiln_status_finds_the_agent_of_a_state_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    layout = ServeLayout(state_dir=tmp_path, health_port=port)
+    state = AgentState(endpoint="https://127.0.0.1:1", health=layout.health_url, keys_file="")
+    server = HealthServer(state, "127.0.0.1", port, lambda: b"")
+    server.start()
+    try:
+        layout.agent_health_file.write_text(layout.health_url + "\n")
+        assert main(["status", "--state-dir", str(tmp_path), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["endpoint"] == "https://127.0.0.1:1"
+    finally:
+        server.stop()

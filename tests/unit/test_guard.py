@@ -92,8 +92,9 @@ def test_sequences_not_requests_are_counted_in_flight(guard_module: ModuleType,
 
 def test_the_model_list_names_the_model_not_its_path(guard_module: ModuleType) -> None:
     listing = {"object": "list", "data": [{"id": "tiny", "object": "model", "root": "/var/lib/kiln/models/tiny",
-                                           "parent": None}]}
+                                           "parent": None},
+                                          {"id": "qwen", "object": "model", "root": "Qwen/Qwen3-8B", "parent": None}]}
     app = Held(json.dumps(listing).encode())
     app.release.set()
     status, body = asyncio.run(call(guard_module.RequestGuard(app), "GET", "/v1/models"))
-    assert status == 200 and body["data"][0]["root"] == "tiny"
+    assert status == 200 and [m["root"] for m in body["data"]] == ["tiny", "Qwen/Qwen3-8B"]

@@ -29,7 +29,8 @@ def add_parsers(sub: Any) -> None:
     ksub = keys.add_subparsers(dest="action", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir)
-    common.add_argument("--health", default=f"http://127.0.0.1:{HEALTH_PORT}", help="the agent's health endpoint")
+    common.add_argument("--health", help=f"the agent's health endpoint (default: the one of --state-dir's agent, "
+                                         f"else http://127.0.0.1:{HEALTH_PORT})")
     common.add_argument("--json", action="store_true", help="print JSON for programs")
     ksub.add_parser("list", parents=[common], help="each key's name, rate limit and origin (never the key)")
     show = ksub.add_parser("show", parents=[common], help="print one key")
@@ -106,7 +107,8 @@ def signal_reload(state_dir: Path, health: str, renew: bool = False,
 
 
 def cmd_reload(_kiln: Kiln, args: argparse.Namespace) -> int:
-    report = signal_reload(args.state_dir, args.health, args.renew_certificate)
+    health = ServeLayout(state_dir=args.state_dir).health_of(args.health)
+    report = signal_reload(args.state_dir, health, args.renew_certificate)
     refused = (report or {}).get("error")
     if args.json:
         print_json({"reload": report})
@@ -149,7 +151,7 @@ def cmd_keys(_kiln: Kiln, args: argparse.Namespace) -> int:
     save_keys(layout.keys_file, changed)
     report = None
     with contextlib.suppress(KilnError):
-        report = signal_reload(args.state_dir, args.health, until_planned=False)
+        report = signal_reload(args.state_dir, layout.health_of(args.health), until_planned=False)
     refused = (report or {}).get("error")
     if refused:  # the agent kept the keys before the change: so does the store
         save_keys(layout.keys_file, store)

@@ -191,6 +191,7 @@ class Agent:
         pid_file = self.options.layout.agent_pid_file
         try:
             write_private(pid_file, f"{os.getpid()}\n", mode=0o644)
+            write_private(self.options.layout.agent_health_file, f"{self.options.layout.health_url}\n", mode=0o644)
         except OSError as exc:
             log.warning("could not write %s (`kiln reload` will not find the agent): %s", pid_file, exc)
         try:
@@ -216,6 +217,7 @@ class Agent:
                 self.supervisor.stop()
             self.health.stop()
             pid_file.unlink(missing_ok=True)
+            self.options.layout.agent_health_file.unlink(missing_ok=True)
         return 0
 
     def stop(self) -> None:

@@ -5,7 +5,7 @@ self-contained, as vLLM's Python imports it apart from kiln).
   request cannot queue thousands of sequences in front of everyone else's.
 - Sequences in flight: nginx bounds requests; a request asking for n sequences weighs n here, and beyond
   KILN_MAX_SEQUENCES in this server the request is refused with 429 and Retry-After, as nginx refuses requests.
-- `/v1/models` names the model by its id in `root` too, never by its path on the server.
+- `/v1/models` names a model by its id in `root` too, never by its folder on the server.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def error_body(message: str, kind: str, code: str, param: str | None = None) -> 
 
 
 def models_by_id(body: bytes) -> bytes:
-    """vLLM's model list with each model's `root` (its path on the server) replaced by its id."""
+    """vLLM's model list with a model's `root`, when it is its folder on the server, replaced by its id."""
     try:
         listing = json.loads(body)
     except ValueError:
@@ -52,7 +52,7 @@ def models_by_id(body: bytes) -> bytes:
     if not isinstance(listing, dict) or not isinstance(listing.get("data"), list):
         return body
     for card in listing["data"]:
-        if isinstance(card, dict) and "root" in card and card.get("parent") is None:
+        if isinstance(card, dict) and str(card.get("root", "")).startswith("/"):  # a Hub id says nothing private
             card["root"] = card.get("id")
     return json.dumps(listing).encode()
 
