@@ -144,6 +144,24 @@ def test_a_command_that_cannot_start_backs_off_and_says_why(tmp_path: Path) -> N
         sup.stop()
 
 
+def test_a_crash_loop_backs_off_and_is_reported(tmp_path: Path) -> None:
+    crashing = Member(ProcessSpec("crashing", ("sh", "-c", "echo out of memory; exit 3"),
+                                  log_file=tmp_path / "crashing.log"), probe_url="http://127.0.0.1:9/")
+    sup = Supervisor(launcher=LocalProcesses(), routing=RecordedRouting(), probe=http_probe, settings=FAST,
+                     instances=[crashing])
+    sup.start()
+    try:
+        wait_until(lambda: crashing.restarts >= 3)
+        assert crashing.last_exit == 3 and "exited with code 3" in (crashing.last_error or "")
+        delays = [float(e.what.rsplit("restarting in ", 1)[1].split()[0]) for e in sup.recent_events()
+                  if "restarting in" in e.what]
+        assert delays[:3] == sorted(delays[:3]) and crashing.failures_in_a_row >= 3
+        starts = [e.at for e in sup.recent_events() if e.what.startswith("started")]
+        assert starts[3] - starts[2] > starts[1] - starts[0]  # the supervisor alone restarts it, slower each time
+    finally:
+        sup.stop()
+
+
 def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
     routing = RecordedRouting()
     members = [server(tmp_path, "a"), server(tmp_path, "b")]
