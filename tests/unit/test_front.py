@@ -118,14 +118,15 @@ class Upstream(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _answer(self, answer: str) -> None:
+    def _answer(self, answer: str, received: int = 0) -> None:
         """The router's own answers: plain text, an empty 405, a dropped connection; and vLLM's JSON 400."""
         if answer == "drop":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         code = int(answer.removesuffix("json"))
-        body = (json.dumps({"error": {"message": "vLLM says why", "type": "BadRequestError", "code": 400}})
+        body = (json.dumps({"error": {"message": f"vLLM says why ({received} bytes)", "type": "BadRequestError",
+                                      "code": 400}})
                 if answer.endswith("json") else ("" if code == 405 else "No available workers")).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json" if answer.endswith("json") else "text/plain")
@@ -134,7 +135,10 @@ class Upstream(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        received = len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        if self.headers.get("X-Answer"):
+            self._answer(self.headers["X-Answer"], received)
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -347,7 +351,7 @@ def test_every_error_of_the_endpoint_is_openai_shaped_json(running: Running) -> 
     key = {"Authorization": "Bearer kiln-default-key-0123456789"}
     replies = {f"router {answer}": requests.get(f"{running.base}/v1/models", headers={**key, "X-Answer": answer},
                                                 verify=running.cert, timeout=10)
-               for answer in ("405", "422", "503", "drop")}
+               for answer in ("400", "405", "422", "503", "drop")}
     replies["body too large"] = requests.post(f"{running.base}/v1/completions", headers=key, data=b"x" * 2**21,
                                               verify=running.cert, timeout=10)
     replies["uri too long"] = requests.get(f"{running.base}/v1/models?{'a' * 9000}", headers=key,
@@ -355,7 +359,7 @@ def test_every_error_of_the_endpoint_is_openai_shaped_json(running: Running) -> 
     replies["bad header"] = requests.get(f"{running.base}/v1/models", headers={**key, "Host": "a b"},
                                          verify=running.cert, timeout=10)
     assert {what: r.status_code for what, r in replies.items()} == {
-        "router 405": 405, "router 422": 422, "router 503": 503, "router drop": 502, "body too large": 413,
+        "router 400": 400, "router 405": 405, "router 422": 422, "router 503": 503, "router drop": 502, "body too large": 413,
         "uri too long": 414, "bad header": 400}
     for what, reply in replies.items():
         error = reply.json()["error"]
@@ -363,7 +367,10 @@ def test_every_error_of_the_endpoint_is_openai_shaped_json(running: Running) -> 
         assert reply.headers["Strict-Transport-Security"].startswith("max-age="), what
     vllm = requests.get(f"{running.base}/v1/models", headers={**key, "X-Answer": "400json"}, verify=running.cert,
                         timeout=10)
-    assert vllm.status_code == 400 and vllm.json()["error"]["message"] == "vLLM says why"  # vLLM's own words pass
+    assert vllm.status_code == 400 and vllm.json()["error"]["message"] == "vLLM says why (0 bytes)"
+    posted = requests.post(f"{running.base}/v1/completions", headers={**key, "X-Answer": "400json"},
+                           json={"prompt": "abc"}, verify=running.cert, timeout=10)
+    assert posted.json()["error"]["message"] == "vLLM says why (17 bytes)"  # vLLM's own words, for the whole body
     inside = requests.get(f"{running.base}/.kiln-error/502", headers=key, verify=running.cert, timeout=10)
     assert inside.status_code == 404 and inside.json()["error"]["code"] == "not_found"
 

@@ -106,6 +106,11 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
 {hsts}
             return {code} {_error(*NGINX_ERRORS[code])};
         }}""" for code in NGINX_ERRORS)
+    upstream_settings = """            proxy_connect_timeout 5s;
+            proxy_buffering off;
+            proxy_cache off;
+            proxy_read_timeout 1800s;
+            proxy_send_timeout 1800s;"""
     own = ["error_page 401 @unauthorized;", "error_page 429 @overloaded;"]
     server_pages = "\n".join(f"        {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};"
                                                              for c in NGINX_ERRORS)])
@@ -176,6 +181,10 @@ http {{
     }}
 {rate_zones}
     limit_req_status 429;
+    map $upstream_http_content_type $kiln_upstream_json {{
+        default "";
+        ~*json 1;
+    }}
     limit_conn_zone $server_port zone=kiln_in_flight:1m;
 
     # The router listed once per try: nginx passes a request on to the "next" server only while no byte of the
@@ -241,14 +250,29 @@ http {{
             proxy_set_header X-Request-Id $request_id;
             proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;
             proxy_next_upstream_tries {RETRIES + 1};
-            # The router's plain-text answers become JSON; vLLM's own JSON errors (400, 404, 500) pass as they are.
+            # The router's plain-text answers become JSON; vLLM's own JSON errors (404, 500) pass as they are.
             proxy_intercept_errors on;
 {api_pages}
-            proxy_connect_timeout 5s;
-            proxy_buffering off;
-            proxy_cache off;
-            proxy_read_timeout 1800s;
-            proxy_send_timeout 1800s;
+            error_page 400 = @bad_request;
+{upstream_settings}
+        }}
+        # A 400 is the router's (plain text: a body that is not JSON) or vLLM's (JSON, saying what is wrong). nginx
+        # cannot keep the body of an answer it intercepts, so vLLM's is asked for again, uncaught: a request vLLM
+        # refused ran nothing, and it refuses it again the same way.
+        location @bad_request {{
+            if ($kiln_upstream_json = "") {{
+{hsts}
+                return 400 {_error(*NGINX_ERRORS[400])};
+            }}
+            proxy_pass http://kiln_router;
+            proxy_intercept_errors off;
+            proxy_next_upstream off;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Authorization "";
+            proxy_set_header {KEY_HEADER} $kiln_key;
+            proxy_set_header X-Request-Id $request_id;
+{upstream_settings}
         }}
 
         location / {{
