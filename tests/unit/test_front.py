@@ -359,7 +359,8 @@ def test_every_error_of_the_endpoint_is_openai_shaped_json(running: Running) -> 
     replies["bad header"] = requests.get(f"{running.base}/v1/models", headers={**key, "Host": "a b"},
                                          verify=running.cert, timeout=10)
     assert {what: r.status_code for what, r in replies.items()} == {
-        "router 400": 400, "router 405": 405, "router 422": 422, "router 503": 503, "router drop": 502, "body too large": 413,
+        "router 400": 400, "router 405": 405, "router 422": 422, "router 503": 503, "router drop": 502,
+        "body too large": 413,
         "uri too long": 414, "bad header": 400}
     for what, reply in replies.items():
         error = reply.json()["error"]
