@@ -117,8 +117,16 @@ class Stack:
     running: Running
     state: Path
 
+    @property
+    def key(self) -> str:
+        return self.running.api_key or ""
+
+    @property
+    def health(self) -> str:
+        return self.running.health or ""
+
     def status(self) -> dict[str, Any]:
-        data: dict[str, Any] = requests.get(f"{self.running.health}/status", timeout=10).json()
+        data: dict[str, Any] = requests.get(f"{self.health}/status", timeout=10).json()
         return data
 
     def pid(self, name: str) -> int:
@@ -135,7 +143,7 @@ class Stack:
     def serves(self) -> bool:
         try:
             reply = requests.post(f"{self.running.url}/v1/completions", verify=self.running.certificate or True,
-                                  headers={"Authorization": f"Bearer {self.running.api_key}"}, timeout=10,
+                                  headers={"Authorization": f"Bearer {self.key}"}, timeout=10,
                                   json={"model": "tiny-cpu", "prompt": "x", "max_tokens": 1})
         except requests.RequestException:
             return False
@@ -159,7 +167,7 @@ class Stack:
         return f"{status['phase']}; {states}" + (f"; last_error: {error[:110]}" if error else "")
 
     def kiln(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([KILN, *args, "--state-dir", str(self.state), "--health", self.running.health],
+        return subprocess.run([KILN, *args, "--state-dir", str(self.state), "--health", self.health],
                               capture_output=True, text=True, check=False, timeout=120)
 
 
@@ -297,11 +305,11 @@ def rows(stack: Stack) -> list[Row]:
                         undo=restore_files))
 
     def clash() -> str:
-        swapped = stack.running.api_key.swapcase()
+        swapped = stack.key.swapcase()
         added = stack.kiln("keys", "add", "clash", "--key", swapped)
         time.sleep(1)
-        codes = {}
-        for name, key in (("own", stack.running.api_key), ("swapped", swapped), ("upper", swapped.upper())):
+        codes: dict[str, int] = {}
+        for name, key in (("own", stack.key), ("swapped", swapped), ("upper", swapped.upper())):
             codes[name] = requests.get(f"{stack.running.url}/v1/models", verify=stack.running.certificate or True,
                                        headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code
         revoked = stack.kiln("keys", "revoke", "clash")
@@ -316,7 +324,7 @@ def rows(stack: Stack) -> list[Row]:
     def huge_n() -> str:
         started = time.monotonic()
         reply = requests.post(f"{stack.running.url}/v1/completions", verify=stack.running.certificate or True,
-                              headers={"Authorization": f"Bearer {stack.running.api_key}"}, timeout=120,
+                              headers={"Authorization": f"Bearer {stack.key}"}, timeout=120,
                               json={"model": "tiny-cpu", "prompt": "x", "max_tokens": 16, "n": 10000})
         took = time.monotonic() - started
         probe = time.monotonic()

@@ -148,7 +148,11 @@ def cmd_keys(_kiln: Kiln, args: argparse.Namespace) -> int:
         changed = _change(store, args)
     except KeyChangeError as exc:
         raise ConfigError(str(exc), fix="`kiln keys list` shows the names") from exc
-    save_keys(layout.keys_file, changed)
+    try:
+        save_keys(layout.keys_file, changed)
+    except OSError as exc:
+        raise KilnError(f"{layout.keys_file} cannot be written ({exc.strerror}); nothing changed",
+                        fix=f"free space on its disk (`df -h {layout.keys_file.parent}`), then again") from exc
     report = None
     with contextlib.suppress(KilnError):
         report = signal_reload(args.state_dir, layout.health_of(args.health), until_planned=False)

@@ -46,6 +46,11 @@ class Endpoint:
             except KilnError:  # nginx keeps serving the configuration before; so do /status and the MOTD
                 self.front.keys, self.front.tls = before
                 raise
+            except OSError as exc:  # a full disk: the same, said as such
+                self.front.keys, self.front.tls = before
+                raise KilnError(f"the endpoint's files cannot be written ({exc.strerror}: {exc.filename}); the "
+                                "endpoint keeps serving as before",
+                                fix=f"free space on {self.front.layout.state_dir}'s disk, then `kiln reload`") from exc
         if tls.problem:
             log.warning("%s", tls.problem.text())
             self.state.fail(f"{tls.problem.source}: {tls.problem.field}: {tls.problem.what}", tls.problem.fix)
@@ -68,8 +73,16 @@ class Endpoint:
     def set_max_in_flight(self, requests: int) -> None:
         """A new plan's queue bound (its instances' batch slots)."""
         with self._lock:
-            self.front.settings = dataclasses.replace(self.front.settings, max_in_flight=requests)
-            self.front.write_config()
+            before = self.front.settings
+            self.front.settings = dataclasses.replace(before, max_in_flight=requests)
+            try:
+                self.front.write_config()
+            except (KilnError, OSError) as exc:  # the bound before stays in force
+                self.front.settings = before
+                log.error("the new plan's bound on requests in flight is not in force: %s", exc)
+                self.state.fail(f"the bound of {requests} requests in flight is not in force: {exc}",
+                                "see the agent's journal, then `kiln reload`")
+                return
         self.reload_proxy()
 
     def motd_text(self) -> str:
