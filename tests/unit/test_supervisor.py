@@ -4,6 +4,7 @@ The router is the one stand-in: a list of the worker URLs it was told to add and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kiln.processes import LocalProcesses, ProcessSpec
+from kiln.processes import LocalProcesses, ProcessSpec, Running
 from kiln.serve.agent import http_probe
 from kiln.serve.supervisor import READY, RESTARTING, STARTING, UNRESPONSIVE, Member, Supervisor, SupervisorSettings
 
@@ -322,3 +323,69 @@ def test_a_router_refusal_does_not_let_one_late_check_kill_a_long_serving_instan
     finally:
         if member.running:
             member.running.stop(0)
+
+
+class RecordingLauncher(LocalProcesses):
+    def __init__(self) -> None:
+        self.started: list[Running] = []
+
+    def start(self, spec: ProcessSpec) -> Running:
+        running = super().start(spec)
+        self.started.append(running)
+        return running
+
+
+def test_hold_release_and_kills_from_other_threads_leave_no_process_behind(tmp_path: Path) -> None:
+    """The loop, a cluster's hold and release, and crashes, all at once: whatever interleaves, a held member has
+    no process, and no process is left that the supervisor does not know."""
+    launcher = RecordingLauncher()
+    member = server(tmp_path, "a")
+    settings = SupervisorSettings(tick_s=0.01, probe_interval_s=0.05, failures_to_leave=2, hang_timeout_s=60,
+                                  backoff_first_s=0.01, backoff_max_s=0.05, stop_grace_s=2)
+    sup = Supervisor(launcher=launcher, routing=RecordedRouting(), probe=lambda url: http_probe(url, 0.5),
+                     settings=settings, instances=[member])
+    sup.start()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def guarded(work: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                while not stop.is_set():
+                    work()
+            except BaseException as exc:  # reported by the test
+                errors.append(exc)
+        return run
+
+    def hold_and_release() -> None:
+        sup.hold(member, "hammer")
+        assert member.running is None
+        time.sleep(0.02)
+        sup.release(member)
+        time.sleep(0.05)
+
+    def crash() -> None:
+        running = member.running
+        if running is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(running.pid, signal.SIGKILL)
+        time.sleep(0.03)
+
+    def read() -> None:
+        sup.snapshot()
+        sup.ready_instances()
+
+    threads = [threading.Thread(target=guarded(w)) for w in (hold_and_release, crash, read)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(4)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        sup.hold(member, "the end")
+        alive = [r.pid for r in launcher.started if r.exit_code() is None]
+        sup.stop()
+    assert not errors, errors
+    assert len(launcher.started) > 5 and alive == []

@@ -119,7 +119,11 @@ class Supervisor:
     events: list[Event] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the members' fields that /status reads
+        # Held by each tick and by every change from another thread (hold, release, a rolling change's steps):
+        # a tick never interleaves with them. Slow work (stopping a process, draining) runs outside it, on a member
+        # the tick already leaves alone (held or retiring).
+        self._tick_lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="kiln-probe")  # checks overlap
@@ -171,19 +175,21 @@ class Supervisor:
     # -- holding an engine -------------------------------------------------------------------------------------
     def hold(self, member: Member, why: str) -> None:
         """Out of routing and stopped, and not restarted until release()."""
-        with self._lock:
-            member.held = True
-        self._unroute(member)
-        if member.running:
-            code = member.running.stop(self.settings.stop_grace_s)
-            member.last_exit = code
-        with self._lock:
-            member.running = None
-        self._set(member, HELD, self.clock(), f"held: {why}")
+        with self._tick_lock:
+            with self._lock:
+                member.held = True
+            self._unroute(member)
+            running = member.running
+        if running:
+            member.last_exit = running.stop(self.settings.stop_grace_s)
+        with self._tick_lock:
+            with self._lock:
+                member.running = None
+            self._set(member, HELD, self.clock(), f"held: {why}")
 
     def release(self, member: Member) -> None:
         """Start a held member again, from the loop's own thread (see roll())."""
-        with self._lock:
+        with self._tick_lock, self._lock:
             member.held, member.state, member.next_start = False, PENDING, self.clock()
             member.failures_in_a_row = 0
         self._note(member, "released")
@@ -200,7 +206,7 @@ class Supervisor:
                 member = new[i]
                 # Started by the loop's thread, never this one: a child's parent-death signal (PR_SET_PDEATHSIG)
                 # follows the thread that forked it, and this one ends with the change.
-                with self._lock:
+                with self._tick_lock, self._lock:
                     member.state, member.next_start = PENDING, self.clock()
                     self.instances.insert(min(i, len(self.instances)), member)
                 deadline = time.monotonic() + ready_timeout_s
@@ -213,14 +219,15 @@ class Supervisor:
         return None
 
     def _retire(self, member: Member, drain: Callable[[Member], None]) -> None:
-        with self._lock:
-            member.retiring = True
-        self._unroute(member)
+        with self._tick_lock:
+            with self._lock:
+                member.retiring = True
+            self._unroute(member)
         self._note(member, "out of routing for a rolling change; draining")
         drain(member)
         if member.running:
             self._note(member, f"stopped for a rolling change (exit {member.running.stop(self.settings.stop_grace_s)})")
-        with self._lock:
+        with self._tick_lock, self._lock:
             member.state, member.running = STOPPED, None
             self.instances.remove(member)
 
@@ -228,7 +235,8 @@ class Supervisor:
     def _loop(self) -> None:
         while not self._stop.wait(self.settings.tick_s):
             try:
-                self.tick()
+                with self._tick_lock:
+                    self.tick()
             except Exception:  # the loop must outlive any one bad tick
                 log.exception("supervisor tick failed")
 
