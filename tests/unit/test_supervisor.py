@@ -379,7 +379,7 @@ def test_hold_release_and_kills_from_other_threads_leave_no_process_behind(tmp_p
     for t in threads:
         t.start()
     try:
-        time.sleep(4)
+        time.sleep(2)
     finally:
         stop.set()
         for t in threads:
