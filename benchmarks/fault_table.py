@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ class Load:
 
     running: Running
     failed_before: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)  # what the requests failed with: a status, an exception
     failed_after: int = 0
     done: int = 0
     in_flight: int = 0
@@ -79,15 +81,17 @@ class Load:
                                  headers={"Authorization": f"Bearer {self.running.api_key}"},
                                  json={"model": "tiny-cpu", "prompt": "kiln", "max_tokens": 24, "ignore_eos": True,
                                        "stream": True})
-        except requests.RequestException:
+        except requests.RequestException as exc:
             with self.lock:
                 self.failed_before += 1
+                self.reasons[exc.__class__.__name__] += 1
             time.sleep(PAUSE_AFTER_FAILURE_S)
             return
         with reply:
             if reply.status_code != 200:
                 with self.lock:
                     self.failed_before += 1
+                    self.reasons[str(reply.status_code)] += 1
                 time.sleep(PAUSE_AFTER_FAILURE_S)
                 return
             try:
@@ -153,6 +157,10 @@ class Stack:
         instances = [i for i in status["instances"] if i["url"]]
         return all(i["state"] == "ready" and i["routed"] for i in instances) and self.serves()
 
+    def whole_again_after(self, seconds: float) -> bool:
+        time.sleep(seconds)
+        return self.whole()
+
     def said(self) -> str:
         try:
             status = self.status()
@@ -205,13 +213,16 @@ def _measured(stack: Stack, fault: str, act: Callable[[], str], undo: Callable[[
             time.sleep(0.2)
         back: float | None = None
         while time.monotonic() - started < RECOVERY_TIMEOUT_S:
-            if stack.whole():
-                back = time.monotonic() - started
+            seen = time.monotonic() - started
+            if stack.whole() and stack.whole_again_after(1.0):  # whole, and still a second later
+                back = seen
                 break
             time.sleep(0.2)
         time.sleep(1)
         after = load.counts()
-    return Row(fault, before[2], after[0] - before[0], after[1] - before[1], back, said, note)
+        reasons = ", ".join(f"{n} x {why}" for why, n in load.reasons.most_common(3))
+    return Row(fault, before[2], after[0] - before[0], after[1] - before[1], back, said,
+               note + (f" (failures: {reasons})" if reasons else ""))
 
 
 def acme_row() -> Row:
@@ -364,6 +375,9 @@ def main() -> None:
         with kiln_up(state, "tiny-cpu", PORTS, instances=2, tls=True) as running:
             table = rows(Stack(running, state))
     finally:
+        with contextlib.suppress(OSError):  # the agent's log, kept beside the table
+            kept = Path(tempfile.gettempdir()) / "kiln-fault-table-agent.log"
+            kept.write_bytes((state / "kiln-up.log").read_bytes())
         subprocess.run(["umount", "-l", str(state)], check=False)
     print(f"\n{STREAMS} streaming clients throughout, each waiting {PAUSE_AFTER_FAILURE_S:g} s after a failed request; "
           "'back' = seconds from the fault until a request succeeds with every instance ready and routed\n")
