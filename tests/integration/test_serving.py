@@ -162,6 +162,8 @@ def test_n_is_bounded_and_every_error_is_openai_shaped(stack: Stack) -> None:
                                                    json={"model": "tiny-cpu", "prompt": "x", "max_tokens": "many"})}
     for what, reply in replies.items():
         assert reply.status_code >= 400, what
+        assert reply.headers.get("Content-Type", "").startswith("application/json"), (what, reply.status_code,
+                                                                                      reply.text[:300])
         error = reply.json()["error"]
         assert error["message"] and error["type"] and "code" in error, (what, reply.text)
         assert reply.headers["Strict-Transport-Security"].startswith("max-age="), what

@@ -30,6 +30,8 @@ NGINX_ERRORS = {400: ("the request cannot be read (malformed HTTP or headers too
                 405: ("method not allowed on this path", "invalid_request_error", "method_not_allowed"),
                 413: ("the request body is too large", "invalid_request_error", "request_too_large"),
                 414: ("the request URI is too long", "invalid_request_error", "uri_too_long"),
+                415: ("send the body as JSON, with Content-Type: application/json", "invalid_request_error",
+                      "unsupported_media_type"),
                 422: ("the request body is not a valid request", "invalid_request_error", "invalid_request"),
                 500: ("internal error; retry", "server_error", "internal_error"),
                 502: ("no model instance answered; retry shortly (`kiln status` shows why)", "server_error",
@@ -38,7 +40,10 @@ NGINX_ERRORS = {400: ("the request cannot be read (malformed HTTP or headers too
                       "unavailable"),
                 504: ("the model instance did not answer in time; retry", "server_error", "timeout")}
 # Turned to JSON on the API's paths: nginx's own (413, 502, 504) and the router's plain-text answers (405, 422, 503).
-API_ERRORS = (405, 413, 422, 502, 503, 504)
+API_ERRORS = (405, 413, 415, 422, 502, 503, 504)
+# Answered by vLLM in JSON (what is wrong) and by the router in plain text: vLLM's is asked for again, uncaught.
+REPLAYED = {400: ("the request body is not valid JSON for this API", "invalid_request_error", "invalid_json"),
+            500: ("internal error; retry", "server_error", "internal_error")}
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 
 
@@ -111,6 +116,22 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
             proxy_cache off;
             proxy_read_timeout 1800s;
             proxy_send_timeout 1800s;"""
+    replayed_pages = "\n".join(f"            error_page {code} = @replay_{code};" for code in REPLAYED)
+    replayed_locations = "\n".join(f"""        location @replay_{code} {{
+            if ($kiln_upstream_json = "") {{
+    {hsts}
+                return {code} {_error(*REPLAYED[code])};
+            }}
+            proxy_pass http://kiln_router;
+            proxy_intercept_errors off;
+            proxy_next_upstream off;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Authorization "";
+            proxy_set_header {KEY_HEADER} $kiln_key;
+            proxy_set_header X-Request-Id $request_id;
+{upstream_settings}
+        }}""" for code in REPLAYED)
     own = ["error_page 401 @unauthorized;", "error_page 429 @overloaded;"]
     server_pages = "\n".join(f"        {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};"
                                                              for c in NGINX_ERRORS)])
@@ -253,27 +274,13 @@ http {{
             # The router's plain-text answers become JSON; vLLM's own JSON errors (404, 500) pass as they are.
             proxy_intercept_errors on;
 {api_pages}
-            error_page 400 = @bad_request;
+{replayed_pages}
 {upstream_settings}
         }}
-        # A 400 is the router's (plain text: a body that is not JSON) or vLLM's (JSON, saying what is wrong). nginx
-        # cannot keep the body of an answer it intercepts, so vLLM's is asked for again, uncaught: a request vLLM
-        # refused ran nothing, and it refuses it again the same way.
-        location @bad_request {{
-            if ($kiln_upstream_json = "") {{
-{hsts}
-                return 400 {_error(*NGINX_ERRORS[400])};
-            }}
-            proxy_pass http://kiln_router;
-            proxy_intercept_errors off;
-            proxy_next_upstream off;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Authorization "";
-            proxy_set_header {KEY_HEADER} $kiln_key;
-            proxy_set_header X-Request-Id $request_id;
-{upstream_settings}
-        }}
+        # A 400 or 500 is the router's (plain text) or vLLM's (JSON, saying what is wrong). nginx cannot keep the
+        # body of an answer it intercepts, so vLLM's is asked for again, uncaught: a request vLLM refused ran
+        # nothing, and it refuses it again the same way.
+{replayed_locations}
 
         location / {{
             if ($kiln_key = "") {{
