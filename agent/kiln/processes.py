@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,3 +125,15 @@ class LocalProcesses:
             if isinstance(log, int) and log >= 0:
                 os.close(log)
         return Running(spec, popen, offset)
+
+
+def run_to_end(argv: Sequence[str], timeout_s: float = 30.0) -> tuple[int, str]:
+    """A short command run to its end: its exit code and its output (stdout and stderr together)."""
+    try:
+        done = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return 124, f"{argv[0]} did not finish within {timeout_s:.0f} s"
+    except OSError as exc:
+        return 127, f"{argv[0]} cannot run: {exc.strerror}"
+    return done.returncode, done.stdout.decode("utf-8", errors="replace")

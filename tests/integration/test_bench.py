@@ -74,8 +74,10 @@ def test_kiln_bench_prints_the_prediction_beside_each_measured_level(tmp_path: P
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench"
     with setups.kiln_up(tmp_path / "kiln", "tiny-cpu") as up:
+        # --state-dir: the agent's folder has the model's tokenizer (the endpoint names no server path).
         done = subprocess.run([KILN, "bench", "--url", up.url, "--api-key", up.api_key or "", "--concurrency", "1,4,16",
-                               "--input-len", "256", "--output-len", "128", "--predict", "tiny-cpu",
+                               "--state-dir", str(tmp_path / "kiln"), "--input-len", "256", "--output-len", "128",
+                               "--predict", "tiny-cpu",
                                "--out", str(out)], capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "measured vs predicted" in done.stdout

@@ -147,6 +147,28 @@ def test_completion_and_streamed_chat_through_the_public_endpoint(stack: Stack) 
     assert [m["id"] for m in models["data"]] == ["tiny-cpu"]
 
 
+def test_n_is_bounded_and_every_error_is_openai_shaped(stack: Stack) -> None:
+    huge = stack.http.post(f"{stack.base}/v1/completions", headers=stack.auth(), timeout=60, json={
+        "model": "tiny-cpu", "prompt": "x", "max_tokens": 4, "n": 10000})
+    assert huge.status_code == 400 and huge.json()["error"]["code"] == "too_many_sequences", huge.text
+    assert stack.http.post(f"{stack.base}/v1/completions", headers=stack.auth(), timeout=60, json={
+        "model": "tiny-cpu", "prompt": "x", "max_tokens": 4, "n": 2}).status_code == 200
+    models = stack.http.get(f"{stack.base}/v1/models", headers=stack.auth(), timeout=10).json()
+    assert [m["root"] for m in models["data"]] == ["tiny-cpu"]  # not the model's folder on the server
+    replies = {"not json": stack.http.post(f"{stack.base}/v1/completions", headers=stack.auth(), data=b"{not json",
+                                           timeout=10),
+               "wrong method": stack.http.delete(f"{stack.base}/v1/completions", headers=stack.auth(), timeout=10),
+               "wrong field type": stack.http.post(f"{stack.base}/v1/completions", headers=stack.auth(), timeout=10,
+                                                   json={"model": "tiny-cpu", "prompt": "x", "max_tokens": "many"})}
+    for what, reply in replies.items():
+        assert reply.status_code >= 400, what
+        assert reply.headers.get("Content-Type", "").startswith("application/json"), (what, reply.status_code,
+                                                                                      reply.text[:300])
+        error = reply.json()["error"]
+        assert error["message"] and error["type"] and "code" in error, (what, reply.text)
+        assert reply.headers["Strict-Transport-Security"].startswith("max-age="), what
+
+
 @pytest.mark.parametrize("path", ["/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics", "/", "/x"])
 def test_every_path_needs_the_api_key(stack: Stack, path: str) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong-key-000000000000"}, {"Authorization": stack.key}):

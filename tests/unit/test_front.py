@@ -3,6 +3,7 @@ small upstream standing in for the router, over TLS with the certificate pinned.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import shutil
@@ -19,12 +20,20 @@ from pathlib import Path
 import pytest
 import requests
 
+from kiln.bench.client import discover
 from kiln.choice.schema import Choice, NamedKey, TlsAcme, validate_fields
+from kiln.cli.bench import local_endpoint
+from kiln.cli.main import main
+from kiln.errors import KilnError
 from kiln.serve.acme import Issued
-from kiln.serve.front import Front
-from kiln.serve.keys import KeyChangeError, KeyStore
+from kiln.serve.endpoint import Endpoint
+from kiln.serve.front import Front, FrontConfigError
+from kiln.serve.health import HealthServer
+from kiln.serve.keys import KeyChangeError, KeyStore, redact
 from kiln.serve.layout import ServeLayout
-from kiln.serve.proxy import ProxySettings, nginx_argv
+from kiln.serve.proxy import ProxySettings, TlsFiles, nginx_argv
+from kiln.serve.secretfiles import KeyStoreError
+from kiln.serve.state import AgentState
 from kiln.serve.tls import CertificateError, check_pair, covers, inspect, make_self_signed
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.timezone.utc)
@@ -97,15 +106,39 @@ class Upstream(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
-        body = json.dumps({"key": self.headers.get("X-Kiln-Key"), "auth": self.headers.get("Authorization")}).encode()
+        answer = self.headers.get("X-Answer")
+        if answer:
+            self._answer(answer)
+            return
+        body = json.dumps({"key": self.headers.get("X-Kiln-Key"), "auth": self.headers.get("Authorization"),
+                           "data": [{"id": "tiny", "root": "tiny"}]}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
+    def _answer(self, answer: str, received: int = 0) -> None:
+        """The router's own answers: plain text, an empty 405, a dropped connection; and vLLM's JSON 400."""
+        if answer == "drop":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        code = int(answer.removesuffix("json"))
+        body = (json.dumps({"error": {"message": f"vLLM says why ({received} bytes)", "type": "BadRequestError",
+                                      "code": 400}})
+                if answer.endswith("json") else ("" if code == 405 else "No available workers")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json" if answer.endswith("json") else "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        received = len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        if self.headers.get("X-Answer"):
+            self._answer(self.headers["X-Answer"], received)
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -150,7 +183,7 @@ def running(traversable_tmp: Path) -> Iterator[Running]:
     upstream = ThreadingHTTPServer(("127.0.0.1", layout.router_port), Upstream)
     upstream.daemon_threads = True
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    front = Front(layout, ProxySettings(max_in_flight=64))
+    front = Front(layout, ProxySettings(max_in_flight=64, max_body_bytes=2**20), nginx=nginx)
     front.load_keys("kiln-default-key-0123456789", {"ci": NamedKey(key="kiln-ci-key-0123456789",
                                                                     requests_per_minute=6)})
     tls = front.choose_tls("self-signed", ["127.0.0.1", "localhost"])
@@ -177,7 +210,8 @@ def running(traversable_tmp: Path) -> Iterator[Running]:
 @pytest.mark.filterwarnings("ignore:ssl.TLSVersion:DeprecationWarning")
 def test_https_with_the_certificate_pinned_and_port_80_redirects(running: Running) -> None:
     reply = running.get("kiln-default-key-0123456789")
-    assert reply.status_code == 200 and reply.json() == {"key": "default", "auth": None}  # the key goes no further
+    assert reply.status_code == 200 and reply.json()["key"] == "default"
+    assert reply.json()["auth"] is None  # the key goes no further
     assert reply.headers["Strict-Transport-Security"].startswith("max-age=")
     with pytest.raises(requests.exceptions.SSLError):  # an unpinned client refuses the self-signed certificate
         requests.get(f"{running.base}/v1/models", timeout=5)
@@ -254,3 +288,144 @@ def test_a_renewal_window_longer_than_the_certificate_never_loops(tmp_path: Path
     assert tls.mode == "acme" and not front.acme_due()  # just issued: not again at once
     now[0] = info.not_after - dt.timedelta(days=29)  # within the last third of its 90 days
     assert front.acme_due()
+
+
+def test_a_key_compares_exactly_and_a_key_differing_in_case_is_another_key(running: Running) -> None:
+    key = "kiln-default-key-0123456789"
+    assert running.get(key).status_code == 200
+    for other in (key.upper(), key.swapcase(), key.capitalize()):
+        assert running.get(other).status_code == 401
+    running.front.keys = running.front.keys.add("clash", key.swapcase())
+    running.apply()  # nginx takes it: a key with its case swapped is another key, not a conflicting one
+    time.sleep(0.3)
+    assert running.get(key.swapcase()).json()["key"] == "clash" and running.get(key).json()["key"] == "default"
+
+
+def test_a_configuration_nginx_refuses_never_replaces_the_live_one(running: Running) -> None:
+    live = running.front.layout.proxy_config
+    before = live.read_text()
+    good_tls = running.front.tls
+    assert good_tls.files is not None
+    running.front.keys = running.front.keys.add("new", "kiln-new-key-0123456789")
+    running.front.tls = dataclasses.replace(good_tls, files=TlsFiles(good_tls.files.certificate,
+                                                                     live.parent / "missing.key"))
+    with pytest.raises(FrontConfigError, match="nginx refuses") as refused:
+        running.front.write_config()
+    assert live.read_text() == before and not list(live.parent.glob("*.new*"))
+    said = refused.value.message()
+    assert all(k.secret.lower() not in said.lower() for k in running.front.keys.keys)
+    running.nginx.send_signal(1)
+    time.sleep(0.3)
+    assert running.get("kiln-default-key-0123456789").status_code == 200  # still the old configuration
+
+
+def test_no_key_reaches_an_error_message_in_any_case() -> None:
+    store = KeyStore().add("a", "kiln-Secret-key-0123456789")
+    line = 'nginx: [emerg] conflicting parameter "bearer kiln-secret-key-0123456789" in nginx.conf:31'
+    assert "secret-key" not in store.redact(line).lower() and "[a key]" in store.redact(line)
+    assert "zzz-token" not in redact("Authorization: Bearer zzz-token-that-is-unknown", [])
+
+
+def test_a_corrupt_key_store_is_kept_and_stops_every_reader(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    layout = ServeLayout(state_dir=tmp_path)
+    layout.keys_file.parent.mkdir(parents=True, exist_ok=True)
+    layout.keys_file.write_text('{"keys": [{"name": "ci", "key": "kiln-')
+    front = Front(layout, ProxySettings(max_in_flight=8))
+    with pytest.raises(KeyStoreError, match="cannot be read") as refused:
+        front.load_keys("kiln-user-data-key-0123456789", None)
+    assert "mv " in refused.value.fix
+    assert layout.keys_file.read_text() == '{"keys": [{"name": "ci", "key": "kiln-'  # kept as it was
+    assert main(["keys", "list", "--state-dir", str(tmp_path)]) != 0
+    assert "cannot be read" in capsys.readouterr().err
+
+
+def test_every_https_answer_carries_hsts(running: Running) -> None:
+    answers = [running.get("kiln-wrong-key-0123456789"), running.get("kiln-default-key-0123456789", "/other")]
+    answers += [running.get("kiln-ci-key-0123456789") for _ in range(3)]  # the third is rate limited
+    assert [a.status_code for a in answers] == [401, 404, 200, 200, 429]
+    assert all(a.headers.get("Strict-Transport-Security", "").startswith("max-age=") for a in answers)
+
+
+def test_every_error_of_the_endpoint_is_openai_shaped_json(running: Running) -> None:
+    key = {"Authorization": "Bearer kiln-default-key-0123456789"}
+    replies = {f"router {answer}": requests.get(f"{running.base}/v1/models", headers={**key, "X-Answer": answer},
+                                                verify=running.cert, timeout=10)
+               for answer in ("400", "405", "422", "503", "drop")}
+    replies["body too large"] = requests.post(f"{running.base}/v1/completions", headers=key, data=b"x" * 2**21,
+                                              verify=running.cert, timeout=10)
+    replies["uri too long"] = requests.get(f"{running.base}/v1/models?{'a' * 9000}", headers=key,
+                                           verify=running.cert, timeout=10)
+    replies["bad header"] = requests.get(f"{running.base}/v1/models", headers={**key, "Host": "a b"},
+                                         verify=running.cert, timeout=10)
+    assert {what: r.status_code for what, r in replies.items()} == {
+        "router 400": 400, "router 405": 405, "router 422": 422, "router 503": 503, "router drop": 502,
+        "body too large": 413,
+        "uri too long": 414, "bad header": 400}
+    for what, reply in replies.items():
+        error = reply.json()["error"]
+        assert set(error) == {"message", "type", "code"} and error["message"], what
+        assert reply.headers["Strict-Transport-Security"].startswith("max-age="), what
+    vllm = requests.get(f"{running.base}/v1/models", headers={**key, "X-Answer": "400json"}, verify=running.cert,
+                        timeout=10)
+    assert vllm.status_code == 400 and vllm.json()["error"]["message"] == "vLLM says why (0 bytes)"
+    posted = requests.post(f"{running.base}/v1/completions", headers={**key, "X-Answer": "400json"},
+                           json={"prompt": "abc"}, verify=running.cert, timeout=10)
+    assert posted.json()["error"]["message"] == "vLLM says why (17 bytes)"  # vLLM's own words, for the whole body
+    inside = requests.get(f"{running.base}/.kiln-error/502", headers=key, verify=running.cert, timeout=10)
+    assert inside.status_code == 404 and inside.json()["error"]["code"] == "not_found"
+
+
+def test_a_failure_after_an_acme_order_backs_off(tmp_path: Path) -> None:
+    front = Front(ServeLayout(state_dir=tmp_path), ProxySettings(max_in_flight=8))
+    front.load_keys("kiln-default-key-0123456789", None)
+    front.choose_tls(TlsAcme(domain="llm.example.com"), ["203.0.113.7"])
+    orders: list[str] = []
+
+    def issue(directory: str, domain: str, *args: object, **kwargs: object) -> Issued:
+        orders.append(domain)  # what the CA answers: a certificate for the domain, with its key
+        cert, key = make_self_signed([domain], dt.datetime.now(dt.timezone.utc), days=90)
+        return Issued(cert, key, inspect(cert).not_after)
+
+    (front.layout.tls_dir / "acme-llm.example.com.crt").mkdir(parents=True)  # the certificate cannot be written
+    state = AgentState(endpoint="", health="", keys_file="")
+    endpoint = Endpoint(front, state, "127.0.0.1", (), motd=lambda text: None, reload_proxy=lambda: None,
+                        issue=issue)
+    for _ in range(5):  # the agent's loop calls it every 0.2 s
+        endpoint.renew()
+        if endpoint._acme:
+            endpoint._acme.join(timeout=10)
+    assert orders == ["llm.example.com"]
+    assert state.last_error is not None and "cannot be put in place" in state.last_error.what
+    assert "retries in 10 minutes" in state.last_error.fix
+
+
+def test_kilns_tools_pin_kilns_own_certificate(running: Running, tmp_path: Path) -> None:
+    key = "kiln-default-key-0123456789"
+    with pytest.raises(KilnError, match="not trusted") as refused:
+        discover(running.base, key)
+    assert "--cacert" in refused.value.fix
+    assert discover(running.base, key, running.cert).model == "tiny"
+    layout = running.front.layout  # this machine's agent: its certificate and its model's folder are found
+    model = tmp_path / "models" / "tiny"
+    model.mkdir(parents=True)
+    layout.runtime_file.write_text(json.dumps({"processes": [{"name": "vllm-0", "argv": ["vllm", "--model",
+                                                                                       str(model)]}]}))
+    assert local_endpoint(running.base, layout.state_dir) == (running.cert, str(model))
+    assert local_endpoint("https://203.0.113.7:8000", layout.state_dir) == (None, None)
+
+
+def test_kiln_status_finds_the_agent_of_a_state_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    layout = ServeLayout(state_dir=tmp_path, health_port=port)
+    state = AgentState(endpoint="https://127.0.0.1:1", health=layout.health_url, keys_file="")
+    server = HealthServer(state, "127.0.0.1", port, lambda: b"")
+    server.start()
+    try:
+        layout.agent_health_file.write_text(layout.health_url + "\n")
+        assert main(["status", "--state-dir", str(tmp_path), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["endpoint"] == "https://127.0.0.1:1"
+    finally:
+        server.stop()

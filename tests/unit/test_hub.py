@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from tests.hub_server import Hub, Repo, serve
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice
 from kiln.hardware.system import repo_folder
-from kiln.hub.client import GATED, MISSING, OK, HubClient, Progress
+from kiln.hub.client import GATED, MISSING, OK, UNREACHABLE, HubClient, Progress
 from kiln.hub.files import Needed, RepoFile, files_vllm_loads
 from kiln.hub.preflight import HubVerdict
 from kiln.render.vllm import Runtime
@@ -170,3 +171,12 @@ def test_an_unreadable_model_falls_back_to_the_default_profile(kiln: Kiln, hub: 
     decision, _ = step.check(decide(kiln, "h100x1", resolved, runtime), resolved)
     assert decision.profile and decision.profile.name == "qwen3-8b"
     assert any(f"{MODEL} is gated and no hf_token is set" in p.what for p in decision.problems)
+
+
+def test_only_a_network_failure_reads_as_the_hub_unreachable(hub: Hub, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    assert HubClient(tmp_path, None, endpoint=closed, timeout_s=2).check("org/open", "main").status == UNREACHABLE
+    with pytest.raises(ValueError):  # a bad call from kiln itself is a bug to see, not a network fault
+        HubClient(tmp_path, None, endpoint=hub.url).check("org/not a repo id!", "main")

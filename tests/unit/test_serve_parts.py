@@ -24,7 +24,7 @@ from kiln.processes import LocalProcesses, ProcessSpec
 from kiln.render.vllm import Runtime
 from kiln.serve import metrics as prom
 from kiln.serve.agent import give_to_user, keep_for_root, share_with_group
-from kiln.serve.decide import Decision, decide
+from kiln.serve.decide import NOT_OVERRIDES, OVERRIDES, Decision, decide
 from kiln.serve.front import Front
 from kiln.serve.health import HealthServer
 from kiln.serve.keys import ApiKey, KeyStore
@@ -78,7 +78,8 @@ def test_nginx_accepts_the_rendered_front(tmp_path: Path, tls: bool) -> None:
     argv = [*nginx_argv(nginx, front.layout)[:-2], "-t"]
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
-    assert '"Bearer kiln-Abc_def-0123456789" default;' in config and '"Bearer kiln-ci-key-0123456789" ci;' in config
+    assert '"~^Bearer kiln-Abc_def-0123456789$" default;' in config
+    assert '"~^Bearer kiln-ci-key-0123456789$" ci;' in config
     assert "rate=60r/m" in config
     assert "limit_conn kiln_in_flight 8;" in config
     assert all(p.removeprefix("/v1/") in config for p in PUBLIC_PATHS)
@@ -208,6 +209,17 @@ def test_a_bad_override_is_dropped_before_the_profile_is(kiln: Kiln) -> None:
     assert "without the overrides" in d.problems[0].what
 
 
+def test_the_fallback_can_drop_every_user_setting(kiln: Kiln) -> None:
+    # Each field of the choice is a setting the fallback drops, or says what to serve and how to reach it.
+    assert set(OVERRIDES) | set(NOT_OVERRIDES) == set(Choice.model_fields) and not set(OVERRIDES) & set(NOT_OVERRIDES)
+    wide = _decide(kiln, "h100x8", profile="llama-3.1-8b-instruct", data_parallel_size=16)
+    assert wide.plan is not None and wide.plan.profile == "llama-3.1-8b-instruct", wide.failure
+    assert "without the overrides" in wide.problems[0].what
+    split = _decide(kiln, "h100x8", profile="llama-3.3-70b-instruct", data_parallel_size=8, tensor_parallel_size=2,
+                    expert_parallel=True)
+    assert split.plan is not None and split.plan.profile == "llama-3.3-70b-instruct", split.problems
+
+
 def test_nothing_to_serve_is_a_failure_with_a_fix_not_an_exception(kiln: Kiln) -> None:
     d = _decide(kiln, "cpu-only", profile="llama-3.3-70b-instruct")
     assert d.plan is None and d.failure is not None
@@ -312,3 +324,12 @@ def test_links_the_instances_user_plants_are_refused(traversable_tmp: Path) -> N
     give_to_user("nobody", state, [state / "models"])
     assert secret.stat().st_uid == 0 and secret.read_text() == "root's secret\n"
     assert (state / "models" / "config.json").lstat().st_uid == NOBODY
+
+
+def test_metrics_that_do_not_parse_are_unknown_not_idle() -> None:
+    text = ("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 3.0\n"
+            "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\"} 1.0\n")
+    assert prom.requests_in_flight(text) == 4
+    assert prom.requests_in_flight(text.replace("3.0", "0.0").replace("1.0", "0.0")) == 0
+    assert prom.requests_in_flight(text[:-20] + "{broken") is None  # cut mid-answer
+    assert prom.requests_in_flight("") is None and prom.requests_in_flight("# TYPE other gauge\nother 0\n") is None

@@ -4,6 +4,7 @@ The router is the one stand-in: a list of the worker URLs it was told to add and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -16,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kiln.processes import LocalProcesses, ProcessSpec
+from kiln.processes import LocalProcesses, ProcessSpec, Running
 from kiln.serve.agent import http_probe
-from kiln.serve.supervisor import READY, RESTARTING, UNRESPONSIVE, Member, Supervisor, SupervisorSettings
+from kiln.serve.supervisor import READY, RESTARTING, STARTING, UNRESPONSIVE, Member, Supervisor, SupervisorSettings
 
 
 class RecordedRouting:
@@ -144,6 +145,67 @@ def test_a_command_that_cannot_start_backs_off_and_says_why(tmp_path: Path) -> N
         sup.stop()
 
 
+def test_a_crash_loop_backs_off_and_is_reported(tmp_path: Path) -> None:
+    crashing = Member(ProcessSpec("crashing", ("sh", "-c", "echo out of memory; exit 3"),
+                                  log_file=tmp_path / "crashing.log"), probe_url="http://127.0.0.1:9/")
+    sup = Supervisor(launcher=LocalProcesses(), routing=RecordedRouting(), probe=http_probe, settings=FAST,
+                     instances=[crashing])
+    sup.start()
+    try:
+        wait_until(lambda: crashing.restarts >= 3)
+        assert crashing.last_exit == 3 and "exited with code 3" in (crashing.last_error or "")
+        delays = [float(e.what.rsplit("restarting in ", 1)[1].split()[0]) for e in sup.recent_events()
+                  if "restarting in" in e.what]
+        assert delays[:3] == sorted(delays[:3]) and crashing.failures_in_a_row >= 3
+        starts = [e.at for e in sup.recent_events() if e.what.startswith("started")]
+        assert starts[3] - starts[2] > starts[1] - starts[0]  # the supervisor alone restarts it, slower each time
+    finally:
+        sup.stop()
+
+
+SLOW_SERVER = """
+import sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class Slow(BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(float(sys.argv[2]))
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Slow).serve_forever()
+"""
+
+
+def test_a_frozen_instance_leaves_within_one_timeout_and_a_busy_one_stays(tmp_path: Path) -> None:
+    """Checks go out every interval without waiting for the one before: three failed checks of a frozen server
+    take about one timeout and two intervals, not three timeouts; a server answering late within the timeout
+    is never taken out."""
+    timeout_s, settings = 1.0, SupervisorSettings(tick_s=0.1, probe_interval_s=0.2, failures_to_leave=3,
+                                                  hang_timeout_s=60, backoff_first_s=0.2, stop_grace_s=5)
+    members = []
+    for name, answer_s in (("frozen", 0.0), ("busy", 0.8)):
+        port = free_port()
+        members.append(Member(ProcessSpec(name, (sys.executable, "-c", SLOW_SERVER, str(port), str(answer_s))),
+                              probe_url=f"http://127.0.0.1:{port}/health", route_url=f"http://127.0.0.1:{port}"))
+    routing = RecordedRouting()
+    sup = Supervisor(launcher=LocalProcesses(), routing=routing, probe=lambda url: http_probe(url, timeout_s),
+                     settings=settings, instances=members)
+    sup.start()
+    frozen, busy = members
+    try:
+        wait_until(lambda: frozen.routed and busy.routed)
+        assert frozen.running is not None
+        frozen.running.signal_group(signal.SIGSTOP)
+        took = wait_until(lambda: frozen.state == UNRESPONSIVE)
+        assert took < settings.failures_to_leave * timeout_s, took  # one check after another: at least 3 s
+        time.sleep(2)
+        assert busy.state == READY and busy.routed and busy.route_url in routing.workers
+    finally:
+        if frozen.running:
+            frozen.running.signal_group(signal.SIGCONT)
+        sup.stop()
+
+
 def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
     routing = RecordedRouting()
     members = [server(tmp_path, "a"), server(tmp_path, "b")]
@@ -227,3 +289,103 @@ def test_a_held_instance_stays_stopped_until_released_and_counts_its_launches(tm
         assert engine.launches == 2 and engine.restarts == 0
     finally:
         sup.stop()
+
+
+class RefusingRouting(RecordedRouting):
+    refusing = False
+
+    def add(self, url: str) -> None:
+        if self.refusing:
+            raise ConnectionError("router restarting")
+        super().add(url)
+
+
+def test_a_router_refusal_does_not_let_one_late_check_kill_a_long_serving_instance() -> None:
+    now = [0.0]
+    member = Member(ProcessSpec("a", ("sleep", "60")), probe_url="http://127.0.0.1:9/health",
+                    route_url="http://127.0.0.1:9")
+    answers = [True, False]
+    routing = RefusingRouting()
+    sup = Supervisor(launcher=LocalProcesses(), routing=routing, probe=lambda url: answers.pop(0),
+                     settings=SupervisorSettings(start_timeout_s=600), clock=lambda: now[0], instances=[member])
+    member.running = LocalProcesses().start(member.spec)
+    try:
+        sup._set(member, STARTING, now[0], "started")
+        now[0] = 30.0
+        sup.tick()
+        assert member.state == READY and member.routed
+        now[0], member.routed, routing.refusing = 1800.0, False, True  # half an hour on, the router restarted
+        sup._reroute_all()  # ... and refuses it: it waits to join again at its next check
+        assert member.state == STARTING and not member.routed
+        now[0] = 1805.0
+        sup.tick()  # one check comes late
+        assert member.state == STARTING and member.running is not None and member.restarts == 0
+    finally:
+        if member.running:
+            member.running.stop(0)
+
+
+class RecordingLauncher(LocalProcesses):
+    def __init__(self) -> None:
+        self.started: list[Running] = []
+
+    def start(self, spec: ProcessSpec) -> Running:
+        running = super().start(spec)
+        self.started.append(running)
+        return running
+
+
+def test_hold_release_and_kills_from_other_threads_leave_no_process_behind(tmp_path: Path) -> None:
+    """The loop, a cluster's hold and release, and crashes, all at once: whatever interleaves, a held member has
+    no process, and no process is left that the supervisor does not know."""
+    launcher = RecordingLauncher()
+    member = server(tmp_path, "a")
+    settings = SupervisorSettings(tick_s=0.01, probe_interval_s=0.05, failures_to_leave=2, hang_timeout_s=60,
+                                  backoff_first_s=0.01, backoff_max_s=0.05, stop_grace_s=2)
+    sup = Supervisor(launcher=launcher, routing=RecordedRouting(), probe=lambda url: http_probe(url, 0.5),
+                     settings=settings, instances=[member])
+    sup.start()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def guarded(work: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                while not stop.is_set():
+                    work()
+            except BaseException as exc:  # reported by the test
+                errors.append(exc)
+        return run
+
+    def hold_and_release() -> None:
+        sup.hold(member, "hammer")
+        assert member.running is None
+        time.sleep(0.02)
+        sup.release(member)
+        time.sleep(0.05)
+
+    def crash() -> None:
+        running = member.running
+        if running is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(running.pid, signal.SIGKILL)
+        time.sleep(0.03)
+
+    def read() -> None:
+        sup.snapshot()
+        sup.ready_instances()
+
+    threads = [threading.Thread(target=guarded(w)) for w in (hold_and_release, crash, read)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        sup.hold(member, "the end")
+        alive = [r.pid for r in launcher.started if r.exit_code() is None]
+        sup.stop()
+    assert not errors, errors
+    assert len(launcher.started) > 5 and alive == []

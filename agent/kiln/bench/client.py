@@ -30,13 +30,18 @@ class Target:
     model: str  # the served model name
     tokenizer: str  # a local folder or a Hugging Face id
     api_key: str | None = None
+    cacert: str | None = None  # the certificate (or CA) an HTTPS endpoint is checked against; None: the system's
 
 
-def discover(base_url: str, api_key: str | None) -> Target:
-    """The served model and its tokenizer from /v1/models (vLLM reports the model's path as `root`)."""
+def discover(base_url: str, api_key: str | None, cacert: str | None = None, tokenizer: str | None = None) -> Target:
+    """The served model and its tokenizer from /v1/models (`root`: the Hub id, or the model's id when the model is a
+    folder on the server; then `tokenizer` names it)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        reply = requests.get(f"{base_url}/v1/models", headers=headers, timeout=10)
+        reply = requests.get(f"{base_url}/v1/models", headers=headers, timeout=10, verify=cacert or True)
+    except requests.exceptions.SSLError as exc:
+        raise KilnError(f"{base_url}'s certificate is not trusted here",
+                        fix="pass --cacert FILE (kiln's own: `kiln status --certificate > kiln.crt`)") from exc
     except requests.RequestException as exc:
         raise KilnError(f"{base_url} does not answer: {exc.__class__.__name__}",
                         fix="check --url, and that the server is up (`kiln status`)") from exc
@@ -44,7 +49,7 @@ def discover(base_url: str, api_key: str | None) -> Target:
         raise KilnError(f"{base_url} wants an API key", fix="pass --api-key (`kiln status` shows it)")
     reply.raise_for_status()
     model = reply.json()["data"][0]
-    return Target(base_url, str(model["id"]), str(model.get("root") or model["id"]), api_key)
+    return Target(base_url, str(model["id"]), tokenizer or str(model.get("root") or model["id"]), api_key, cacert)
 
 
 @dataclass
@@ -62,6 +67,8 @@ class VllmBench:
             child_env = {**os.environ, **(env or {}), "VLLM_NO_USAGE_STATS": "1"}
             if target.api_key:
                 child_env["OPENAI_API_KEY"] = target.api_key
+            if target.cacert:  # the client's default SSL context reads it (Python's ssl, through OpenSSL)
+                child_env["SSL_CERT_FILE"] = target.cacert
             log = self.log_file.open("a") if self.log_file else subprocess.DEVNULL
             try:
                 done = subprocess.run(argv, env=child_env, stdout=log, stderr=subprocess.STDOUT, check=False,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kiln import datafiles
 from kiln.bench import report, setups
@@ -21,6 +23,7 @@ from kiln.perf.workload import Workload
 from kiln.planner.search import make_plan
 from kiln.render.vllm import MODULE_VLLM, Runtime, find_vllm_python
 from kiln.serve.decide import decide
+from kiln.serve.layout import ServeLayout
 from kiln.setup.types import Refusal
 from kiln.wiring import Kiln
 
@@ -57,6 +60,12 @@ def add_parsers(sub: Any) -> None:
     bench = sub.add_parser("bench", help="measure an endpoint: TTFT/TPOT/throughput per concurrency, and cost")
     bench.add_argument("--url", help="the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000")
     bench.add_argument("--api-key", help="the endpoint's key (`kiln status` shows it)")
+    bench.add_argument("--cacert", type=Path, help="the certificate an HTTPS endpoint is checked against (default: "
+                                                   "kiln's own when the URL is this machine's, else the system's)")
+    bench.add_argument("--tokenizer", help="the model's tokenizer, a folder or Hub id (default: the endpoint's "
+                                           "model, or this machine's kiln agent's model folder)")
+    bench.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir,
+                       help="this machine's kiln agent's folder, for its certificate and model")
     bench.add_argument("--predict", metavar="PROFILE",
                        help="print kiln's prediction beside each level: the plan for PROFILE on --machine's "
                             "fixture (the CPU profile: this machine)")
@@ -116,6 +125,27 @@ def _sweep(target: Target, spec: SweepSpec, client: VllmBench, usd: float | None
     return run_sweep(spec, lambda workload: client.run(target, workload, env), usd, ProgressBar(label))
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def local_endpoint(url: str, state_dir: Path) -> tuple[str | None, str | None]:
+    """kiln's own certificate (to pin) and its model's folder (the tokenizer), when the URL is this machine's kiln
+    agent; None for what is not found."""
+    if urlsplit(url).hostname not in LOOPBACK:
+        return None, None
+    layout = ServeLayout(state_dir=state_dir)
+    certificate = layout.tls_dir / "self-signed.crt"
+    cacert = str(certificate) if url.startswith("https://") and certificate.is_file() else None
+    tokenizer = None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        for process in json.loads(layout.runtime_file.read_text(encoding="utf-8"))["processes"]:
+            argv = list(process["argv"])
+            if "--model" in argv and Path(argv[argv.index("--model") + 1]).is_dir():
+                tokenizer = argv[argv.index("--model") + 1]
+                break
+    return cacert, tokenizer
+
+
 def cmd_bench(kiln: Kiln, args: argparse.Namespace) -> int:
     if args.mode == "compare":
         return cmd_compare(kiln, args)
@@ -123,7 +153,9 @@ def cmd_bench(kiln: Kiln, args: argparse.Namespace) -> int:
         raise ConfigError("kiln bench needs --url", fix="e.g. --url http://127.0.0.1:8000 (or `kiln bench compare`)")
     usd, source = price(args)
     spec = _spec(args)
-    target = discover(args.url.rstrip("/"), args.api_key)
+    cacert, tokenizer = local_endpoint(args.url, args.state_dir)
+    target = discover(args.url.rstrip("/"), args.api_key, str(args.cacert) if args.cacert else cacert,
+                      args.tokenizer or tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
     client = VllmBench(args.vllm_python or find_vllm_python(), args.out / "vllm-bench.log")
     levels = _sweep(target, spec, client, usd, "kiln bench")
@@ -190,10 +222,10 @@ def cmd_compare(kiln: Kiln, args: argparse.Namespace) -> int:
     local = profile.local_model
     print(f"1/2 kiln's plan: {len(decision.rendered)} instance(s) of {profile.name} behind kiln's endpoint",
           file=sys.stderr, flush=True)
-    with setups.kiln_up(root / "kiln", profile.name, instances=len(decision.rendered)) as up:
-        ours = _sweep(discover(up.url, up.api_key), spec, client, usd, "kiln   ")
     first = decision.rendered[0].argv
     model = first[first.index("--model") + 1]
+    with setups.kiln_up(root / "kiln", profile.name, instances=len(decision.rendered)) as up:
+        ours = _sweep(discover(up.url, up.api_key, up.certificate, model), spec, client, usd, "kiln   ")
     argv = setups.vanilla_argv(model, profile.name, setups.Ports().vanilla, machine.gpu_count if machine else 0,
                                profile.serving.extra_args if profile.cpu_only else (),
                                launcher=runtime.vllm_command)

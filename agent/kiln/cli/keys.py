@@ -29,7 +29,8 @@ def add_parsers(sub: Any) -> None:
     ksub = keys.add_subparsers(dest="action", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir)
-    common.add_argument("--health", default=f"http://127.0.0.1:{HEALTH_PORT}", help="the agent's health endpoint")
+    common.add_argument("--health", help=f"the agent's health endpoint (default: the one of --state-dir's agent, "
+                                         f"else http://127.0.0.1:{HEALTH_PORT})")
     common.add_argument("--json", action="store_true", help="print JSON for programs")
     ksub.add_parser("list", parents=[common], help="each key's name, rate limit and origin (never the key)")
     show = ksub.add_parser("show", parents=[common], help="print one key")
@@ -106,16 +107,21 @@ def signal_reload(state_dir: Path, health: str, renew: bool = False,
 
 
 def cmd_reload(_kiln: Kiln, args: argparse.Namespace) -> int:
-    report = signal_reload(args.state_dir, args.health, args.renew_certificate)
+    health = ServeLayout(state_dir=args.state_dir).health_of(args.health)
+    report = signal_reload(args.state_dir, health, args.renew_certificate)
+    refused = (report or {}).get("error")
     if args.json:
         print_json({"reload": report})
+    elif refused:
+        raise KilnError(f"the agent refused the reload, nothing changed: {refused.get('what')}",
+                        fix=refused.get("fix") or "see `kiln status`")
     elif report is None:
         print(f"kiln reload: signalled the agent; no report within {RELOAD_WAIT_S:.0f} s (see `kiln status`)")
     else:
         rolling = " (a rolling change of the instances follows: `kiln status`)" if report.get("rolling") else ""
         print(f"kiln reload: {', '.join(report.get('changed') or []) or 'nothing changed'}, applied "
               f"{report['applied_s']:.2f} s after the signal{rolling}")
-    return 0 if report is not None else 1
+    return 0 if report is not None and not refused else 1
 
 
 def cmd_keys(_kiln: Kiln, args: argparse.Namespace) -> int:
@@ -142,10 +148,19 @@ def cmd_keys(_kiln: Kiln, args: argparse.Namespace) -> int:
         changed = _change(store, args)
     except KeyChangeError as exc:
         raise ConfigError(str(exc), fix="`kiln keys list` shows the names") from exc
-    save_keys(layout.keys_file, changed)
+    try:
+        save_keys(layout.keys_file, changed)
+    except OSError as exc:
+        raise KilnError(f"{layout.keys_file} cannot be written ({exc.strerror}); nothing changed",
+                        fix=f"free space on its disk (`df -h {layout.keys_file.parent}`), then again") from exc
     report = None
     with contextlib.suppress(KilnError):
-        report = signal_reload(args.state_dir, args.health, until_planned=False)
+        report = signal_reload(args.state_dir, layout.health_of(args.health), until_planned=False)
+    refused = (report or {}).get("error")
+    if refused:  # the agent kept the keys before the change: so does the store
+        save_keys(layout.keys_file, store)
+        raise KilnError(f"the agent refused the change, nothing changed: {refused.get('what')}",
+                        fix=refused.get("fix") or "see `kiln status`")
     key = changed.get(args.name)
     shown = key.secret if key and args.action in ("add", "rotate") else None
     if args.json:

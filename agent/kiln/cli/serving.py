@@ -87,7 +87,10 @@ def add_parsers(sub: Any) -> None:
     up.add_argument("-v", "--verbose", action="store_true")
 
     status = sub.add_parser("status", help="what the agent serves, its health, and where the API key is")
-    status.add_argument("--health", default=f"http://127.0.0.1:{HEALTH_PORT}", help="the health endpoint")
+    status.add_argument("--health", help=f"the health endpoint (default: the agent's of --state-dir, else "
+                                         f"http://127.0.0.1:{HEALTH_PORT})")
+    status.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir,
+                        help="the agent's folder, as given to `kiln up` (default: the image's)")
     status.add_argument("--json", action="store_true", help="print JSON for programs")
     status.add_argument("--certificate", action="store_true",
                         help="print the endpoint's certificate (PEM), for a client to pin")
@@ -223,7 +226,7 @@ def cmd_up(kiln: Kiln, args: argparse.Namespace) -> int:
 
 
 def cmd_status(_kiln: Kiln, args: argparse.Namespace) -> int:
-    base = args.health.rstrip("/")
+    base = ServeLayout(state_dir=args.state_dir).health_of(args.health).rstrip("/")
     try:
         reply = requests.get(f"{base}/status", timeout=5)
         reply.raise_for_status()

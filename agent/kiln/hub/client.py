@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx2
 from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url, snapshot_download
 from huggingface_hub.errors import (
     GatedRepoError,
@@ -93,9 +94,7 @@ class HubClient:
             return RepoCheck(repo, revision, MISSING, http_status=_status(exc), message=_words(exc))
         except HfHubHTTPError as exc:
             return RepoCheck(repo, revision, UNREACHABLE, http_status=_status(exc), message=_words(exc))
-        except OSError as exc:
-            return RepoCheck(repo, revision, UNREACHABLE, message=str(exc))
-        except Exception as exc:  # the HTTP client's own connection errors: the Hub is not there
+        except (OSError, httpx2.TransportError) as exc:  # the network: the Hub is not there (anything else is a bug)
             return RepoCheck(repo, revision, UNREACHABLE, message=f"{type(exc).__name__}: {exc}")
         return RepoCheck(repo, revision, OK, tuple(files))
 

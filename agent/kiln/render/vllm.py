@@ -45,6 +45,9 @@ CUDA_CACHE_MAX_BYTES = 4 * 2**30  # the largest CUDA_CACHE_MAXSIZE the driver ho
 
 
 KEY_USAGE_MIDDLEWARE = "kiln_key_usage.KeyUsage"  # kiln/data/vllm/kiln_key_usage.py
+GUARD_MIDDLEWARE = "kiln_guard.RequestGuard"  # kiln/data/vllm/kiln_guard.py: n bounded, sequences counted
+MAX_N = 16  # sequences one request may ask for (n, best_of), at most an instance's batch
+SEQUENCES_PER_SLOT = 2  # sequences in flight per batch slot in one instance: one running batch and one waiting
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ def vllm_args(plan: Plan, instance: InstancePlan, runtime: Runtime, *, local_mod
     if e.trust_remote_code:
         args.append("--trust-remote-code")
     if runtime.key_usage_path:
-        args += ["--middleware", KEY_USAGE_MIDDLEWARE]
+        args += ["--middleware", KEY_USAGE_MIDDLEWARE, "--middleware", GUARD_MIDDLEWARE]
     args += list(e.extra_args)
     return args
 
@@ -162,6 +165,8 @@ def vllm_env(plan: Plan, instance: InstancePlan, runtime: Runtime) -> dict[str, 
             env["VLLM_CPU_OMP_THREADS_BIND"] = f"{omp[0]}-{omp[-1]}"
     if runtime.key_usage_path:
         env["PYTHONPATH"] = runtime.key_usage_path
+        env["KILN_MAX_N"] = str(min(MAX_N, plan.engine.max_num_seqs))
+        env["KILN_MAX_SEQUENCES"] = str(SEQUENCES_PER_SLOT * plan.engine.max_num_seqs)
     env.update(dict(runtime.extra_env))
     return env
 

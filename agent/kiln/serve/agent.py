@@ -191,6 +191,7 @@ class Agent:
         pid_file = self.options.layout.agent_pid_file
         try:
             write_private(pid_file, f"{os.getpid()}\n", mode=0o644)
+            write_private(self.options.layout.agent_health_file, f"{self.options.layout.health_url}\n", mode=0o644)
         except OSError as exc:
             log.warning("could not write %s (`kiln reload` will not find the agent): %s", pid_file, exc)
         try:
@@ -216,6 +217,7 @@ class Agent:
                 self.supervisor.stop()
             self.health.stop()
             pid_file.unlink(missing_ok=True)
+            self.options.layout.agent_health_file.unlink(missing_ok=True)
         return 0
 
     def stop(self) -> None:
@@ -441,7 +443,7 @@ class Agent:
         if not router:
             raise KilnError("vllm-router is not installed", fix="pip install vllm-router in kiln's environment")
         settings = ProxySettings(max_in_flight=self._max_in_flight(decision), worker_user=options.proxy_user)
-        self.endpoint = Endpoint(Front(layout, settings),
+        self.endpoint = Endpoint(Front(layout, settings, nginx=nginx),
                                  self.state, options.advertised_host, options.tls_names, self._write_motd_text,
                                  self._reload_proxy)
         self.endpoint.configure(resolved)
@@ -552,10 +554,18 @@ class Agent:
             return
         for problem in resolved.problems:
             log.warning("reload: %s", problem.text())
-        changed = self.endpoint.reload(resolved)
+        report: dict[str, object] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "changed": [],
+                                     "seconds": 0.0, "planned": False, "rolling": None}
+        try:
+            changed = self.endpoint.reload(resolved)
+        except KilnError as exc:  # nginx refused the change, or the key store cannot be read: nothing changed
+            log.error("reload: %s (fix: %s)", exc.what, exc.fix)
+            self.state.fail(f"reload: {exc.what}", exc.fix)
+            self.state.reload = {**report, "seconds": round(time.monotonic() - started, 3), "planned": True,
+                                 "error": {"what": exc.what, "fix": exc.fix}}
+            return
         # Keys and certificate are in force now; the plan is read next (the Hub may be asked).
-        report = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "changed": changed,
-                  "seconds": round(time.monotonic() - started, 3), "planned": False, "rolling": None}
+        report |= {"changed": changed, "seconds": round(time.monotonic() - started, 3)}
         self.state.reload = report
         plan = self._changed_plan(resolved)
         changed = [*changed, "plan"] if plan is not None else changed
@@ -649,7 +659,7 @@ class Agent:
             if not member.route_url or member.running is None or member.running.exit_code() is not None:
                 return
             text = _fetch(f"{member.route_url}/metrics", timeout_s=5)
-            if text and prom.requests_in_flight(text) == 0:
+            if prom.requests_in_flight(text) == 0:  # None (no answer, or one that does not parse) is not idle
                 idle_since = time.monotonic() if idle_since is None else idle_since
                 if time.monotonic() - idle_since >= DRAIN_SETTLE_S:
                     return

@@ -27,9 +27,13 @@ from kiln.render.vllm import RenderedInstance, Runtime, plan_document, render_in
 from kiln.setup.types import Plan, Refusal
 from kiln.wiring import Kiln
 
-# Choice fields that override the planner; without them a profile gets the planner's own settings.
-OVERRIDES = ("max_model_len", "instances", "tensor_parallel_size", "quantization", "kv_cache_dtype",
-             "speculative_decoding", "gpu_memory_utilization", "workload")
+# Choice fields that override the planner; without them a profile gets the planner's own settings. Every other
+# field says what to serve or how it is reached (a test holds the two lists to the choice's fields).
+OVERRIDES = ("objective", "max_model_len", "instances", "tensor_parallel_size", "data_parallel_size",
+             "expert_parallel", "quantization", "kv_cache_dtype", "speculative_decoding", "gpu_memory_utilization",
+             "workload")
+NOT_OVERRIDES = ("profile", "model", "api_key", "hf_token", "price_per_hour", "api_keys", "tls", "cluster",
+                 "do_token")
 
 
 @dataclass

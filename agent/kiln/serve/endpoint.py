@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kiln.choice.resolve import ResolvedChoice
-from kiln.serve.acme import AcmeError, issue_certificate
+from kiln.errors import KilnError
+from kiln.serve.acme import AcmeError, Issued, issue_certificate
 from kiln.serve.front import Front, TlsState
 from kiln.serve.state import AgentState
 
@@ -29,6 +30,7 @@ class Endpoint:
     motd: Callable[[str], None]  # writes the login message
     reload_proxy: Callable[[], None]  # SIGHUP to nginx's master
     _lock: threading.Lock = field(default_factory=threading.Lock)  # a reload and the ACME thread both write
+    issue: Callable[..., Issued] = issue_certificate  # the ACME order (kiln.serve.acme)
     _acme: threading.Thread | None = None
     _acme_retry_at: float = 0.0
 
@@ -36,9 +38,19 @@ class Endpoint:
         """Keys and certificate from the choice, into nginx's configuration (nginx re-reads it on reload_proxy)."""
         names = tuple(dict.fromkeys((*resolved.addresses, self.advertised_host, *self.tls_names)))
         with self._lock:
-            keys = self.front.load_keys(resolved.choice.api_key, resolved.choice.api_keys)
-            tls = self.front.choose_tls(resolved.choice.tls, names)
-            self.front.write_config()
+            before = (self.front.keys, self.front.tls)
+            try:
+                keys = self.front.load_keys(resolved.choice.api_key, resolved.choice.api_keys)
+                tls = self.front.choose_tls(resolved.choice.tls, names)
+                self.front.write_config()
+            except KilnError:  # nginx keeps serving the configuration before; so do /status and the MOTD
+                self.front.keys, self.front.tls = before
+                raise
+            except OSError as exc:  # a full disk: the same, said as such
+                self.front.keys, self.front.tls = before
+                raise KilnError(f"the endpoint's files cannot be written ({exc.strerror}: {exc.filename}); the "
+                                "endpoint keeps serving as before",
+                                fix=f"free space on {self.front.layout.state_dir}'s disk, then `kiln reload`") from exc
         if tls.problem:
             log.warning("%s", tls.problem.text())
             self.state.fail(f"{tls.problem.source}: {tls.problem.field}: {tls.problem.what}", tls.problem.fix)
@@ -49,7 +61,8 @@ class Endpoint:
         return tls
 
     def reload(self, resolved: ResolvedChoice) -> list[str]:
-        """Keys, rates and the certificate in force at once; what changed."""
+        """Keys, rates and the certificate in force at once; what changed. A KilnError when nginx refuses the new
+        configuration or the key store cannot be read: then nothing changed."""
         self._acme_retry_at = 0.0  # a reload retries a failed ACME order at once
         before = (self.front.keys, self.front.tls.info)
         self.configure(resolved)
@@ -60,8 +73,16 @@ class Endpoint:
     def set_max_in_flight(self, requests: int) -> None:
         """A new plan's queue bound (its instances' batch slots)."""
         with self._lock:
-            self.front.settings = dataclasses.replace(self.front.settings, max_in_flight=requests)
-            self.front.write_config()
+            before = self.front.settings
+            self.front.settings = dataclasses.replace(before, max_in_flight=requests)
+            try:
+                self.front.write_config()
+            except (KilnError, OSError) as exc:  # the bound before stays in force
+                self.front.settings = before
+                log.error("the new plan's bound on requests in flight is not in force: %s", exc)
+                self.state.fail(f"the bound of {requests} requests in flight is not in force: {exc}",
+                                "see the agent's journal, then `kiln reload`")
+                return
         self.reload_proxy()
 
     def motd_text(self) -> str:
@@ -94,20 +115,28 @@ class Endpoint:
         assert wanted is not None
         log.info("TLS: asking %s for a certificate for %s", wanted.directory, wanted.domain)
         try:
-            issued = issue_certificate(wanted.directory, wanted.domain, wanted.email, self.front.acme_account_key,
-                                       layout.acme_webroot, progress=lambda text: log.info("ACME: %s", text))
-        except AcmeError as exc:
-            self._acme_retry_at = time.monotonic() + ACME_RETRY_S
-            fix = (f"point {wanted.domain}'s DNS at this machine and keep port 80 open; kiln retries in "
-                   f"{ACME_RETRY_S / 60:.0f} minutes (or `kiln reload`)")
-            log.warning("TLS: no certificate from ACME: %s (fix: %s)", exc, fix)
-            self.state.fail(f"tls: ACME: {exc}", fix)
-            self.state.tls = {**(self.state.tls or {}), "problem": {"error": str(exc), "fix": fix}}
+            issued = self.issue(wanted.directory, wanted.domain, wanted.email, self.front.acme_account_key,
+                                layout.acme_webroot, progress=lambda text: log.info("ACME: %s", text))
+        except Exception as exc:  # any failure backs off: every order counts against the CA's rate limits
+            self._back_off(f"ACME: {exc}" if isinstance(exc, AcmeError) else f"ACME: {exc.__class__.__name__}: {exc}",
+                           f"point {wanted.domain}'s DNS at this machine and keep port 80 open")
             return
-        with self._lock:
-            tls = self.front.acme_issued(issued)
-            self.front.write_config()
-        self.reload_proxy()
+        try:
+            with self._lock:
+                tls = self.front.acme_issued(issued)
+                self.front.write_config()
+            self.reload_proxy()
+        except Exception as exc:  # issued, but not put in place: ordering again at once would only repeat this
+            self._back_off(f"the ACME certificate was issued but cannot be put in place: {exc}",
+                           f"free space and check the permissions of {layout.tls_dir}")
+            return
         self.state.tls = tls.as_dict()
         self.motd(self.motd_text())
         log.info("TLS: serving the ACME certificate for %s until %s", wanted.domain, issued.not_after.isoformat())
+
+    def _back_off(self, what: str, fix: str) -> None:
+        self._acme_retry_at = time.monotonic() + ACME_RETRY_S
+        fix = f"{fix}; kiln retries in {ACME_RETRY_S / 60:.0f} minutes (or `kiln reload`)"
+        log.warning("TLS: no certificate from ACME: %s (fix: %s)", what, fix)
+        self.state.fail(f"tls: {what}", fix)
+        self.state.tls = {**(self.state.tls or {}), "problem": {"error": what, "fix": fix}}

@@ -6,19 +6,26 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.choice.schema import NamedKey, Problem, TlsAcme, TlsCertificate, TlsSetting
+from kiln.errors import KilnError
+from kiln.processes import run_to_end
 from kiln.serve.acme import Issued
 from kiln.serve.keys import KeyStore, declared_keys
 from kiln.serve.layout import ServeLayout
-from kiln.serve.proxy import ProxySettings, TlsFiles, nginx_config
+from kiln.serve.proxy import ProxySettings, TlsFiles, nginx_config, nginx_test_argv
 from kiln.serve.secretfiles import load_keys, read_private, save_keys, write_private
 from kiln.serve.tls import CertificateError, CertificateInfo, check_pair, covers, inspect, make_self_signed
 
 log = logging.getLogger("kiln.agent")
+
+
+class FrontConfigError(KilnError):
+    """nginx refuses a configuration; the live one is unchanged."""
 PUBLIC = 0o644  # certificates: clients pin them, `kiln status --certificate` prints them
 
 
@@ -54,6 +61,7 @@ class Front:
     clock: Callable[[], dt.datetime] = utc_now
     keys: KeyStore = field(default_factory=KeyStore)
     tls: TlsState = field(default_factory=lambda: TlsState(None, "off"))
+    nginx: str | None = None  # checks each configuration before it is used (`nginx -t`); None: written unchecked
 
     # -- keys --------------------------------------------------------------------------------------------------
     def load_keys(self, api_key: str | None, api_keys: Mapping[str, NamedKey] | None) -> KeyStore:
@@ -156,7 +164,23 @@ class Front:
 
     # -- nginx -------------------------------------------------------------------------------------------------
     def write_config(self) -> None:
+        """nginx's configuration for the keys, settings and certificate now, checked by nginx itself (`nginx -t`)
+        before it replaces the live one: a configuration nginx refuses is never signalled, the old one stays."""
         for sub in ("tmp", "logs"):
             (self.layout.proxy_config.parent / sub).mkdir(parents=True, exist_ok=True)
         self.layout.acme_webroot.mkdir(parents=True, exist_ok=True)
-        write_private(self.layout.proxy_config, nginx_config(self.layout, self.settings, self.keys, self.tls.files))
+        text = nginx_config(self.layout, self.settings, self.keys, self.tls.files)
+        live = self.layout.proxy_config
+        if self.nginx is None:
+            write_private(live, text)
+            return
+        candidate = live.with_name(f"{live.stem}.new{live.suffix}")
+        write_private(candidate, text)
+        code, output = run_to_end(nginx_test_argv(self.nginx, self.layout, candidate))
+        if code != 0:
+            candidate.unlink(missing_ok=True)
+            said = " ".join(self.keys.redact(line.strip()) for line in output.splitlines() if line.strip())
+            raise FrontConfigError(f"nginx refuses the new configuration ({said or f'exit {code}'}); the endpoint "
+                                   "keeps the one before the change",
+                                   fix="undo the change (`kiln keys list`, /etc/kiln/kiln.yaml), then `kiln reload`")
+        os.replace(candidate, live)

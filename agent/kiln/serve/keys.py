@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,6 +18,13 @@ DEFAULT_NAME = "default"  # the single `api_key` of user-data, and the key kiln 
 
 class KeyChangeError(ValueError):
     """A key change that cannot be made: what is wrong, for the user."""
+
+
+def redact(text: str, secrets_: Sequence[str]) -> str:
+    """Text with every key in it, in any letters' case, and any bearer token, replaced: for logs and errors."""
+    for secret in sorted(secrets_, key=len, reverse=True):
+        text = re.sub(re.escape(secret), "[a key]", text, flags=re.IGNORECASE)
+    return re.sub(r"(?i)(bearer\s+)[^\s\"';]+", r"\1[a key]", text)
 
 
 def generate_key() -> str:
@@ -45,6 +52,9 @@ class KeyStore:
 
     def names(self) -> list[str]:
         return [k.name for k in self.keys]
+
+    def redact(self, text: str) -> str:
+        return redact(text, [k.secret for k in self.keys])
 
     def _put(self, key: ApiKey) -> KeyStore:
         if not re.match(KEY_NAME, key.name):

@@ -67,6 +67,20 @@ class ServeLayout:
         return self.state_dir / "agent.pid"
 
     @property
+    def agent_health_file(self) -> Path:
+        """The running agent's health URL, for `kiln status --state-dir` and `kiln keys` (its port may be any)."""
+        return self.state_dir / "agent.health"
+
+    def health_of(self, given: str | None) -> str:
+        """The health endpoint: the one given, else the one the agent of this folder wrote, else the default."""
+        if given:
+            return given
+        try:
+            return self.agent_health_file.read_text(encoding="utf-8").strip() or self.health_url
+        except OSError:
+            return ServeLayout().health_url
+
+    @property
     def keys_file(self) -> Path:
         return self.state_dir / "keys.json"
 

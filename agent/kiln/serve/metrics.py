@@ -27,10 +27,13 @@ def generation_tokens(text: str) -> float:
                if s.name.endswith("_total"))
 
 
-def requests_in_flight(text: str) -> float:
-    """Requests an instance is running or holding in its queue, summed over its engines."""
-    return sum(s.value for f in parse(text) if f.name in ("vllm:num_requests_running", "vllm:num_requests_waiting")
-               for s in f.samples)
+def requests_in_flight(text: str) -> float | None:
+    """Requests an instance is running or holding in its queue, summed over its engines; None when the text does
+    not parse or lacks vLLM's gauges (unknown, which is not idle)."""
+    gauges = [f for f in parse(text) if f.name in ("vllm:num_requests_running", "vllm:num_requests_waiting")]
+    if len({f.name for f in gauges}) < 2:
+        return None
+    return sum(s.value for f in gauges for s in f.samples)
 
 
 def merge_labelled(sources: Mapping[str, str], label: str) -> list[Metric]:

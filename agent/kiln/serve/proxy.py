@@ -6,6 +6,7 @@ workers, and it serves its worker-management API on the same port, so it cannot 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,29 @@ RETRIES = 2  # passes of a failed request back to the router, each to the next w
 PUBLIC_PATHS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses")
 KEY_HEADER = "X-Kiln-Key"  # the name of the key a request came with, set by nginx over whatever the client sent
 UNSAFE = "\"'\\$; \n{}"  # characters a key may not hold in nginx's configuration
+# Repeated in every block that adds a header: nginx's add_header in a location (or an `if`) replaces the server's.
+HSTS = 'add_header Strict-Transport-Security "max-age=63072000" always;'
+# nginx's own error pages (HTML), and the router's plain-text answers, as OpenAI's JSON errors.
+NGINX_ERRORS = {400: ("the request cannot be read (malformed HTTP or headers too large)", "invalid_request_error",
+                      "bad_request"),
+                404: ("not found", "invalid_request_error", "not_found"),
+                405: ("method not allowed on this path", "invalid_request_error", "method_not_allowed"),
+                413: ("the request body is too large", "invalid_request_error", "request_too_large"),
+                414: ("the request URI is too long", "invalid_request_error", "uri_too_long"),
+                415: ("send the body as JSON, with Content-Type: application/json", "invalid_request_error",
+                      "unsupported_media_type"),
+                422: ("the request body is not a valid request", "invalid_request_error", "invalid_request"),
+                500: ("internal error; retry", "server_error", "internal_error"),
+                502: ("no model instance answered; retry shortly (`kiln status` shows why)", "server_error",
+                      "unavailable"),
+                503: ("no model instance is serving now; retry shortly (`kiln status` shows why)", "server_error",
+                      "unavailable"),
+                504: ("the model instance did not answer in time; retry", "server_error", "timeout")}
+# Turned to JSON on the API's paths: nginx's own (413, 502, 504) and the router's plain-text answers (405, 422, 503).
+API_ERRORS = (405, 413, 415, 422, 502, 503, 504)
+# Answered by vLLM in JSON (what is wrong) and by the router in plain text: vLLM's is asked for again, uncaught.
+REPLAYED = {400: ("the request body is not valid JSON for this API", "invalid_request_error", "invalid_json"),
+            500: ("internal error; retry", "server_error", "internal_error")}
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 
 
@@ -44,12 +68,19 @@ def _error(message: str, kind: str, code: str) -> str:
     return "'" + body.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _literal(secret: str) -> str:
+    """A key as a regular expression matching only itself (a key holds letters, digits and ._~+-)."""
+    return re.sub(r"([.+])", r"\\\1", secret)
+
+
 def _key_lines(keys: KeyStore) -> tuple[str, str, str]:
     """The map from the Authorization header to a key's name, and one rate-limit zone per limited key."""
     for key in keys.keys:
         if len(key.secret) < 16 or any(ch in key.secret for ch in UNSAFE):
             raise ValueError(f"the key named {key.name} holds characters nginx cannot take literally")
-    names = "\n".join(f'        "Bearer {k.secret}" {k.name};' for k in keys.keys)
+    # A regular expression (`~`) compares exactly: nginx compares a map's plain strings without regard to case, so a
+    # key with its letters' case changed would pass, and two such keys would make a configuration nginx refuses.
+    names = "\n".join(f'        "~^Bearer {_literal(k.secret)}$" {k.name};' for k in keys.keys)
     zones, limits = [], []
     for i, key in enumerate(k for k in keys.keys if k.requests_per_minute):
         rate = key.requests_per_minute or 0
@@ -72,6 +103,42 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
     servers = "\n".join(f"        server {layout.local_host}:{layout.router_port} max_fails=0;"
                         for _ in range(RETRIES + 1))
     key_names, rate_zones, rate_limits = _key_lines(keys)
+    hsts = f"            {HSTS}" if tls else ""
+    # Plain internal locations, not named ones: nginx cannot redirect a request whose line it refused (414) to a
+    # named location (it answers 500).
+    error_locations = "\n".join(f"""        location = /.kiln-error/{code} {{
+            internal;
+{hsts}
+            return {code} {_error(*NGINX_ERRORS[code])};
+        }}""" for code in NGINX_ERRORS)
+    upstream_settings = """            proxy_connect_timeout 5s;
+            proxy_buffering off;
+            proxy_cache off;
+            proxy_read_timeout 1800s;
+            proxy_send_timeout 1800s;"""
+    replayed_pages = "\n".join(f"            error_page {code} = @replay_{code};" for code in REPLAYED)
+    replayed_locations = "\n".join(f"""        location @replay_{code} {{
+            if ($kiln_upstream_json = "") {{
+    {hsts}
+                return {code} {_error(*REPLAYED[code])};
+            }}
+            proxy_pass http://kiln_router;
+            proxy_intercept_errors off;
+            proxy_next_upstream off;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Authorization "";
+            proxy_set_header {KEY_HEADER} $kiln_key;
+            proxy_set_header X-Request-Id $request_id;
+{upstream_settings}
+        }}""" for code in REPLAYED)
+    own = ["error_page 401 @unauthorized;", "error_page 429 @overloaded;"]
+    server_pages = "\n".join(f"        {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};"
+                                                             for c in NGINX_ERRORS)])
+    # A location's own error_page replaces every one it would inherit: the API's location lists those it needs,
+    # less 400 and 500, which vLLM answers in JSON with what is wrong (nginx's 400 comes before any location).
+    api_pages = "\n".join(f"            {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};"
+                                                             for c in API_ERRORS)])
     user = f"user {settings.worker_user};\n" if settings.worker_user else ""
     api_port = layout.api_port(tls is not None)
     if tls:
@@ -85,7 +152,7 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
                   "        ssl_session_cache shared:kiln_tls:10m;\n"
                   "        ssl_session_timeout 1d;\n"
                   "        ssl_session_tickets off;\n"
-                  "        add_header Strict-Transport-Security \"max-age=63072000\" always;")
+                  f"        {HSTS}")
     else:
         listen = f"        listen {layout.public_host}:{api_port} backlog=4096;"
     challenge = f"""
@@ -135,6 +202,10 @@ http {{
     }}
 {rate_zones}
     limit_req_status 429;
+    map $upstream_http_content_type $kiln_upstream_json {{
+        default "";
+        ~*json 1;
+    }}
     limit_conn_zone $server_port zone=kiln_in_flight:1m;
 
     # The router listed once per try: nginx passes a request on to the "next" server only while no byte of the
@@ -147,21 +218,24 @@ http {{
     server {{
 {listen}
 {challenge if not tls else ""}
-        error_page 401 @unauthorized;
+{server_pages}
         location @unauthorized {{
             add_header WWW-Authenticate 'Bearer realm="kiln"' always;
+{hsts}
             return 401 {unauthorized};
         }}
+{error_locations}
 
         limit_conn kiln_in_flight {settings.max_in_flight};
         limit_conn_status 429;
-        error_page 429 @overloaded;
         location @overloaded {{
             if ($limit_req_status = REJECTED) {{
                 add_header Retry-After 60 always;
+    {hsts}
                 return 429 {rate_limited};
             }}
             add_header Retry-After {settings.retry_after_s} always;
+{hsts}
             return 429 {overloaded};
         }}
 
@@ -197,12 +271,16 @@ http {{
             proxy_set_header X-Request-Id $request_id;
             proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;
             proxy_next_upstream_tries {RETRIES + 1};
-            proxy_connect_timeout 5s;
-            proxy_buffering off;
-            proxy_cache off;
-            proxy_read_timeout 1800s;
-            proxy_send_timeout 1800s;
+            # The router's plain-text answers become JSON; vLLM's own JSON errors (404, 500) pass as they are.
+            proxy_intercept_errors on;
+{api_pages}
+{replayed_pages}
+{upstream_settings}
         }}
+        # A 400 or 500 is the router's (plain text) or vLLM's (JSON, saying what is wrong). nginx cannot keep the
+        # body of an answer it intercepts, so vLLM's is asked for again, uncaught: a request vLLM refused ran
+        # nothing, and it refuses it again the same way.
+{replayed_locations}
 
         location / {{
             if ($kiln_key = "") {{
@@ -220,6 +298,11 @@ def find_nginx() -> str | None:
     if found:
         return found
     return next((p for p in NGINX_CANDIDATES if Path(p).is_file()), None)
+
+
+def nginx_test_argv(nginx: str, layout: ServeLayout, config: Path) -> tuple[str, ...]:
+    """nginx's own check of a configuration (`nginx -t`), with the prefix the live one runs with."""
+    return (nginx, "-t", "-q", "-p", f"{layout.proxy_config.parent}/", "-c", str(config), "-e", "stderr")
 
 
 def nginx_argv(nginx: str, layout: ServeLayout) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ import os
 import stat
 from pathlib import Path
 
+from kiln.errors import KilnError
 from kiln.serve.keys import DEFAULT_NAME, ApiKey, KeyStore
 
 log = logging.getLogger("kiln.agent")
@@ -46,16 +47,22 @@ def read_private(path: Path) -> str | None:
         return f.read(MAX_KEY_FILE_BYTES).decode("utf-8", errors="replace")
 
 
+class KeyStoreError(KilnError):
+    """The key store exists and cannot be read."""
+
+
 def load_keys(path: Path, legacy_key_file: Path | None = None) -> KeyStore:
     """The machine's key store; an earlier boot's single key (the api_key file) becomes the key named default."""
     text = read_private(path)
     if text is not None:
         try:
             return KeyStore.from_json(text)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("ignoring %s, which cannot be read (%s); keys from user-data and a new default key apply",
-                      path, exc)
-            return KeyStore()
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # Never a new store in its place: every client's key and every revocation would be lost.
+            raise KeyStoreError(f"the key store {path} cannot be read ({exc.__class__.__name__}); it is kept as it "
+                                "is and no key changed",
+                                fix=f"restore {path} from a copy, or move it aside (`mv {path} {path}.bad`) to start "
+                                    "again from user-data's keys and a new default key; then `kiln reload`") from None
     old = (read_private(legacy_key_file) or "").strip() if legacy_key_file else ""
     if old:
         return KeyStore((ApiKey(DEFAULT_NAME, old, origin="generated"),))

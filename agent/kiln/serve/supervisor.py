@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -84,6 +85,7 @@ class Member:
     retiring: bool = False  # being replaced by a rolling change: no restart, no probe, no route
     held: bool = False  # kept stopped until release(); set before start() to start it later
     launches: int = 0  # how many times it has been started
+    checks: deque[Future[bool]] = field(default_factory=deque)  # health checks sent, not yet counted
 
     @property
     def name(self) -> str:
@@ -117,10 +119,14 @@ class Supervisor:
     events: list[Event] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the members' fields that /status reads
+        # Held by each tick and by every change from another thread (hold, release, a rolling change's steps):
+        # a tick never interleaves with them. Slow work (stopping a process, draining) runs outside it, on a member
+        # the tick already leaves alone (held or retiring).
+        self._tick_lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kiln-probe")
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="kiln-probe")  # checks overlap
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def members(self) -> list[Member]:
@@ -169,19 +175,21 @@ class Supervisor:
     # -- holding an engine -------------------------------------------------------------------------------------
     def hold(self, member: Member, why: str) -> None:
         """Out of routing and stopped, and not restarted until release()."""
-        with self._lock:
-            member.held = True
-        self._unroute(member)
-        if member.running:
-            code = member.running.stop(self.settings.stop_grace_s)
-            member.last_exit = code
-        with self._lock:
-            member.running = None
-        self._set(member, HELD, self.clock(), f"held: {why}")
+        with self._tick_lock:
+            with self._lock:
+                member.held = True
+            self._unroute(member)
+            running = member.running
+        if running:
+            member.last_exit = running.stop(self.settings.stop_grace_s)
+        with self._tick_lock:
+            with self._lock:
+                member.running = None
+            self._set(member, HELD, self.clock(), f"held: {why}")
 
     def release(self, member: Member) -> None:
         """Start a held member again, from the loop's own thread (see roll())."""
-        with self._lock:
+        with self._tick_lock, self._lock:
             member.held, member.state, member.next_start = False, PENDING, self.clock()
             member.failures_in_a_row = 0
         self._note(member, "released")
@@ -198,7 +206,7 @@ class Supervisor:
                 member = new[i]
                 # Started by the loop's thread, never this one: a child's parent-death signal (PR_SET_PDEATHSIG)
                 # follows the thread that forked it, and this one ends with the change.
-                with self._lock:
+                with self._tick_lock, self._lock:
                     member.state, member.next_start = PENDING, self.clock()
                     self.instances.insert(min(i, len(self.instances)), member)
                 deadline = time.monotonic() + ready_timeout_s
@@ -211,14 +219,15 @@ class Supervisor:
         return None
 
     def _retire(self, member: Member, drain: Callable[[Member], None]) -> None:
-        with self._lock:
-            member.retiring = True
-        self._unroute(member)
+        with self._tick_lock:
+            with self._lock:
+                member.retiring = True
+            self._unroute(member)
         self._note(member, "out of routing for a rolling change; draining")
         drain(member)
         if member.running:
             self._note(member, f"stopped for a rolling change (exit {member.running.stop(self.settings.stop_grace_s)})")
-        with self._lock:
+        with self._tick_lock, self._lock:
             member.state, member.running = STOPPED, None
             self.instances.remove(member)
 
@@ -226,7 +235,8 @@ class Supervisor:
     def _loop(self) -> None:
         while not self._stop.wait(self.settings.tick_s):
             try:
-                self.tick()
+                with self._tick_lock:
+                    self.tick()
             except Exception:  # the loop must outlive any one bad tick
                 log.exception("supervisor tick failed")
 
@@ -238,13 +248,22 @@ class Supervisor:
             self._check_exit(member, now)
             if member.state in (RESTARTING, PENDING) and now >= member.next_start and not self._stop.is_set():
                 self._launch(member, now)
+        # A check goes out every probe interval, whether or not the one before has answered: a frozen instance
+        # fails three checks in a row within about the timeout plus two intervals, where one check after another
+        # took three timeouts; a busy one still has the whole timeout for each answer.
         due = [m for m in self.members() if m.probe_url and m.running and m.state != RESTARTING
-               and now >= m.next_probe and not m.retiring and not m.held]
-        results = list(self._pool.map(lambda m: self.probe(m.probe_url or ""), due))
-        now = self.clock()
-        for member, ok in zip(due, results, strict=True):
+               and now >= m.next_probe and not m.retiring and not m.held
+               and len(m.checks) <= self.settings.failures_to_leave]
+        for member in due:
             member.next_probe = now + self.settings.probe_interval_s
-            self._after_probe(member, ok, now)
+            member.checks.append(self._pool.submit(self.probe, member.probe_url or ""))
+        # A server that answers at once is seen in this tick, as before.
+        wait([c for m in due for c in m.checks], timeout=min(self.settings.tick_s, 0.2), return_when=ALL_COMPLETED)
+        for member in self.members():
+            while member.checks and member.checks[0].done():  # in the order they went out
+                ok = member.checks.popleft().result()
+                if member.running and not member.retiring and not member.held and member.state != RESTARTING:
+                    self._after_probe(member, ok, self.clock())
 
     def _check_exit(self, member: Member, now: float) -> None:
         if not member.running or (code := member.running.exit_code()) is None:
@@ -299,6 +318,7 @@ class Supervisor:
         if member.state == RESTARTING:
             member.restarts += 1
         member.probe_failures, member.next_probe = 0, now
+        member.checks.clear()  # the checks of the run before say nothing of this one
         self._set(member, STARTING if member.probe_url else READY, now, f"started, pid {member.running.pid}")
 
     def _kill(self, member: Member, now: float, why: str) -> None:
@@ -319,7 +339,8 @@ class Supervisor:
             self._note(member, "joined routing")
         except Exception as exc:  # the router may be restarting: the next probe retries
             member.last_error = f"router refused the worker: {exc}"
-            member.state = STARTING
+            # Starting from now: the start timeout counts from the refusal, not from when it last started.
+            self._set(member, STARTING, self.clock(), f"{member.last_error}; joining at the next check")
 
     def _unroute(self, member: Member) -> None:
         if member is self.router:

@@ -1,0 +1,139 @@
+"""Bounds inside each vLLM server that nginx cannot see (loaded with `--middleware kiln_guard.RequestGuard`;
+self-contained, as vLLM's Python imports it apart from kiln).
+
+- `n` and `best_of` per request: at most KILN_MAX_N sequences (a 400 beyond, shaped as OpenAI's errors), so one
+  request cannot queue thousands of sequences in front of everyone else's.
+- Sequences in flight: nginx bounds requests; a request asking for n sequences weighs n here, and beyond
+  KILN_MAX_SEQUENCES in this server the request is refused with 429 and Retry-After, as nginx refuses requests.
+- `/v1/models` names a model by its id in `root` too, never by its folder on the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+GENERATING = ("/v1/completions", "/v1/chat/completions")
+MAX_BODY = 64 * 2**20  # nginx's client_max_body_size
+RETRY_AFTER_S = 2
+
+
+def sequences_asked(body: bytes) -> int:
+    """How many sequences a request's body asks for: the larger of n and best_of (1 when unreadable: vLLM itself
+    answers a body it cannot read)."""
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return 1
+    if not isinstance(request, dict):
+        return 1
+    asked = [v for v in (request.get("n"), request.get("best_of")) if isinstance(v, int) and not isinstance(v, bool)]
+    return max([1, *asked])
+
+
+def error_body(message: str, kind: str, code: str, param: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
+
+
+def models_by_id(body: bytes) -> bytes:
+    """vLLM's model list with a model's `root`, when it is its folder on the server, replaced by its id."""
+    try:
+        listing = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(listing, dict) or not isinstance(listing.get("data"), list):
+        return body
+    for card in listing["data"]:
+        if isinstance(card, dict) and str(card.get("root", "")).startswith("/"):  # a Hub id says nothing private
+            card["root"] = card.get("id")
+    return json.dumps(listing).encode()
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.max_n = int(os.environ.get("KILN_MAX_N", "16"))
+        self.max_sequences = int(os.environ.get("KILN_MAX_SEQUENCES", "0"))  # 0: not counted
+        self.in_flight = 0  # sequences of the requests this server is answering (one event loop: no lock)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = str(scope.get("path", ""))
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+        elif scope.get("method") == "GET" and path == "/v1/models":
+            await self.app(scope, receive, _models_rewritten(send))
+        elif scope.get("method") == "POST" and path in GENERATING:
+            await self._generate(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body, more, messages = b"", True, []
+        while more and len(body) <= MAX_BODY:
+            message = await receive()
+            messages.append(message)
+            body += message.get("body", b"")
+            more = message.get("more_body", False) and message.get("type") == "http.request"
+        asked = sequences_asked(body)
+        if asked > self.max_n:
+            await _answer(send, 400, error_body(
+                f"n and best_of may be at most {self.max_n} on this server (asked: {asked})",
+                "invalid_request_error", "too_many_sequences", "n"))
+            return
+        if self.max_sequences and self.in_flight + asked > self.max_sequences and self.in_flight > 0:
+            await _answer(send, 429, error_body(
+                f"the server is at capacity ({self.max_sequences} sequences in flight); retry later",
+                "server_error", "overloaded"), [(b"retry-after", str(RETRY_AFTER_S).encode())])
+            return
+        self.in_flight += asked
+        try:
+            await self.app(scope, _replay(messages, receive), send)
+        finally:
+            self.in_flight -= asked
+
+
+def _models_rewritten(send: Send) -> Send:
+    start: list[Message] = []
+    chunks: list[bytes] = []
+
+    async def rewritten(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            start.append(message)
+            return
+        if message["type"] != "http.response.body" or not start:
+            await send(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        body = models_by_id(b"".join(chunks))
+        head = start[0]
+        headers = [(k, v) for k, v in head.get("headers", ()) if k.lower() != b"content-length"]
+        await send({**head, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return rewritten
+
+
+async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed

@@ -1,0 +1,100 @@
+"""The request guard kiln loads into vLLM (kiln/data/vllm/kiln_guard.py), driven as vLLM's ASGI server drives it:
+`n` bounded, sequences in flight counted, and the model list without the server's paths."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import MutableMapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from tests.conftest import load_script
+
+from kiln import datafiles
+
+Message = MutableMapping[str, Any]
+
+
+@pytest.fixture(scope="module")
+def guard_module() -> ModuleType:
+    return load_script("kiln_guard", Path(datafiles.data_dir("vllm")) / "kiln_guard.py")
+
+
+class Held:
+    """vLLM's stand-in: answers 200 with `answer`, after `release` is set."""
+
+    def __init__(self, answer: bytes = b'{"ok": true}') -> None:
+        self.answer = answer
+        self.release = asyncio.Event()
+        self.served = 0
+
+    async def __call__(self, scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await self.release.wait()
+        self.served += 1
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": self.answer, "more_body": False})
+
+
+async def call(guard: Any, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+    raw = json.dumps(body or {}).encode()
+    got: dict[str, Any] = {"body": b""}
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            got["status"] = message["status"]
+        else:
+            got["body"] += message.get("body", b"")
+
+    await guard({"type": "http", "method": method, "path": path, "headers": []}, receive, send)
+    return got["status"], json.loads(got["body"])
+
+
+def test_n_beyond_the_bound_is_an_openai_shaped_400(guard_module: ModuleType,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_MAX_N", "16")
+    app = Held()
+    app.release.set()
+    guard = guard_module.RequestGuard(app)
+    for field in ("n", "best_of"):
+        status, body = asyncio.run(call(guard, "POST", "/v1/completions", {"prompt": "x", field: 10000}))
+        assert status == 400 and body["error"]["code"] == "too_many_sequences" and "16" in body["error"]["message"]
+    assert asyncio.run(call(guard, "POST", "/v1/chat/completions", {"n": 16}))[0] == 200
+    assert app.served == 1  # the refused requests never reached vLLM
+
+
+def test_sequences_not_requests_are_counted_in_flight(guard_module: ModuleType,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_MAX_N", "16")
+    monkeypatch.setenv("KILN_MAX_SEQUENCES", "20")
+
+    async def scenario() -> list[int]:
+        app = Held()
+        guard = guard_module.RequestGuard(app)
+        first = asyncio.create_task(call(guard, "POST", "/v1/completions", {"n": 16}))
+        await asyncio.sleep(0.01)
+        refused = await call(guard, "POST", "/v1/completions", {"n": 8})  # 16 + 8 > 20
+        small = asyncio.create_task(call(guard, "POST", "/v1/completions", {"n": 4}))  # 16 + 4 fits
+        await asyncio.sleep(0.01)
+        app.release.set()
+        codes = [refused[0], (await first)[0], (await small)[0]]
+        assert refused[1]["error"]["code"] == "overloaded" and guard.in_flight == 0
+        return codes
+
+    assert asyncio.run(scenario()) == [429, 200, 200]
+
+
+def test_the_model_list_names_the_model_not_its_path(guard_module: ModuleType) -> None:
+    listing = {"object": "list", "data": [{"id": "tiny", "object": "model", "root": "/var/lib/kiln/models/tiny",
+                                           "parent": None},
+                                          {"id": "qwen", "object": "model", "root": "Qwen/Qwen3-8B", "parent": None}]}
+    app = Held(json.dumps(listing).encode())
+    app.release.set()
+    status, body = asyncio.run(call(guard_module.RequestGuard(app), "GET", "/v1/models"))
+    assert status == 200 and [m["root"] for m in body["data"]] == ["tiny", "Qwen/Qwen3-8B"]
