@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -85,7 +84,6 @@ class Member:
     retiring: bool = False  # being replaced by a rolling change: no restart, no probe, no route
     held: bool = False  # kept stopped until release(); set before start() to start it later
     launches: int = 0  # how many times it has been started
-    checks: deque[Future[bool]] = field(default_factory=deque)  # health checks sent, not yet counted
 
     @property
     def name(self) -> str:
@@ -126,7 +124,7 @@ class Supervisor:
         self._tick_lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="kiln-probe")  # checks overlap
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kiln-probe")
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def members(self) -> list[Member]:
@@ -248,22 +246,13 @@ class Supervisor:
             self._check_exit(member, now)
             if member.state in (RESTARTING, PENDING) and now >= member.next_start and not self._stop.is_set():
                 self._launch(member, now)
-        # A check goes out every probe interval, whether or not the one before has answered: a frozen instance
-        # fails three checks in a row within about the timeout plus two intervals, where one check after another
-        # took three timeouts; a busy one still has the whole timeout for each answer.
         due = [m for m in self.members() if m.probe_url and m.running and m.state != RESTARTING
-               and now >= m.next_probe and not m.retiring and not m.held
-               and len(m.checks) <= self.settings.failures_to_leave]
-        for member in due:
+               and now >= m.next_probe and not m.retiring and not m.held]
+        results = list(self._pool.map(lambda m: self.probe(m.probe_url or ""), due))
+        now = self.clock()
+        for member, ok in zip(due, results, strict=True):
             member.next_probe = now + self.settings.probe_interval_s
-            member.checks.append(self._pool.submit(self.probe, member.probe_url or ""))
-        # A server that answers at once is seen in this tick, as before.
-        wait([c for m in due for c in m.checks], timeout=min(self.settings.tick_s, 0.2), return_when=ALL_COMPLETED)
-        for member in self.members():
-            while member.checks and member.checks[0].done():  # in the order they went out
-                ok = member.checks.popleft().result()
-                if member.running and not member.retiring and not member.held and member.state != RESTARTING:
-                    self._after_probe(member, ok, self.clock())
+            self._after_probe(member, ok, now)
 
     def _check_exit(self, member: Member, now: float) -> None:
         if not member.running or (code := member.running.exit_code()) is None:
@@ -318,7 +307,6 @@ class Supervisor:
         if member.state == RESTARTING:
             member.restarts += 1
         member.probe_failures, member.next_probe = 0, now
-        member.checks.clear()  # the checks of the run before say nothing of this one
         self._set(member, STARTING if member.probe_url else READY, now, f"started, pid {member.running.pid}")
 
     def _kill(self, member: Member, now: float, why: str) -> None:
