@@ -270,7 +270,7 @@ class Supervisor:
         delay = min(self.settings.backoff_first_s * 2 ** member.failures_in_a_row, self.settings.backoff_max_s)
         member.failures_in_a_row += 1
         member.next_start = now + delay
-        self._set(member, RESTARTING, now, f"{why}; restarting in {delay:.0f} s")
+        self._set(member, RESTARTING, now, f"{why}; restarting in {delay:.3g} s")
 
     def _after_probe(self, member: Member, ok: bool, now: float) -> None:
         if ok:
