@@ -1,8 +1,8 @@
 """The agent's launcher on the image: each process is a systemd unit (kiln-vllm@NAME, kiln-router, kiln-proxy).
 
 The supervisor alone restarts these units (they have Restart=no): it sees a unit that exited (failed or
-inactive) and starts it again after its own backoff, out of routing meanwhile. systemd restarts only the agent. `systemctl` is the
-one command this adapter runs."""
+inactive) and starts it again after its own backoff, out of routing meanwhile; systemd restarts only the agent.
+`systemctl` is the one command this adapter runs."""
 
 from __future__ import annotations
 
