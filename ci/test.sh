@@ -24,7 +24,7 @@ echo "==> mypy"
 "$PY" -m mypy
 if [ "$tier" = fast ]; then
   echo "==> unit tests"
-  "$PY" -m pytest -q -m "not integration" -n "${KILN_TEST_WORKERS:-auto}" --durations=10 "$@"
+  "$PY" -m pytest -q -m "not integration" -n "${KILN_TEST_WORKERS:-auto}" --dist loadgroup --durations=10 "$@"
 else
   echo "==> every test (the 25 slowest are listed at the end)"
   "$PY" -m pytest -v --durations=25 "$@"

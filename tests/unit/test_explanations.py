@@ -73,6 +73,7 @@ def check(kiln: Kiln, machine_name: str, profile_name: str, plan: Plan) -> None:
             assert found and p.band.low - 1 <= _number(found.group(1)) <= p.band.high + 1
 
 
+@pytest.mark.xdist_group("catalog_plans")  # one test process makes, and shares, every catalog plan
 def test_every_plan_explains_itself_truthfully(kiln: Kiln, planned: Planned) -> None:
     checked = 0
     for machine in kiln.fixtures():

@@ -148,6 +148,7 @@ def test_planning_is_pure(kiln: Kiln) -> None:
     assert plan(kiln, "h200x8", "qwen3-30b-a3b") == plan(kiln, "h200x8", "qwen3-30b-a3b")
 
 
+@pytest.mark.xdist_group("catalog_plans")  # one test process makes, and shares, every catalog plan
 @pytest.mark.parametrize("machine", GPU_FIXTURES)
 def test_every_profile_plans_or_refuses_clearly(kiln: Kiln, planned: Planned, machine: str) -> None:
     for name in kiln.catalog().names():

@@ -46,6 +46,7 @@ def all_plans(kiln: Kiln, planned: Planned) -> list[tuple[str, str, str, Plan]]:
     return plans
 
 
+@pytest.mark.xdist_group("catalog_plans")  # one test process makes, and shares, every catalog plan
 def test_every_rendered_argv_parses_with_vllm(kiln: Kiln, planned: Planned) -> None:
     plans = all_plans(kiln, planned)
     assert len(plans) >= 60

@@ -32,7 +32,7 @@ from kiln.wiring import Kiln
 OVERRIDES = ("objective", "max_model_len", "instances", "tensor_parallel_size", "data_parallel_size",
              "expert_parallel", "quantization", "kv_cache_dtype", "speculative_decoding", "gpu_memory_utilization",
              "workload")
-NOT_OVERRIDES = ("profile", "model", "api_key", "hf_token", "price_per_hour", "api_keys", "tls", "cluster",
+NOT_OVERRIDES = ("profile", "model", "revision", "api_key", "hf_token", "price_per_hour", "api_keys", "tls", "cluster",
                  "do_token")
 
 
