@@ -28,9 +28,10 @@ def _environment(env: Mapping[str, str] | None) -> Iterator[None]:
         os.environ.update(before)
 
 
-def run_kiln(*args: str, stdin: str | None = None, env: Mapping[str, str] | None = None
+def run_kiln(*args: str, stdin: str | None = None, env: Mapping[str, str] | None = None, check: bool = False
              ) -> subprocess.CompletedProcess[str]:
-    """What `subprocess.run([kiln, *args], input=stdin, env=env, capture_output=True, text=True)` returns."""
+    """What `subprocess.run([kiln, *args], input=stdin, env=env, capture_output=True, text=True, check=check)`
+    returns."""
     out, err = io.StringIO(), io.StringIO()
     saved_stdin = sys.stdin
     sys.stdin = io.StringIO(stdin or "")
@@ -42,4 +43,7 @@ def run_kiln(*args: str, stdin: str | None = None, env: Mapping[str, str] | None
                 code = exc.code if isinstance(exc.code, int) else 1
     finally:
         sys.stdin = saved_stdin
-    return subprocess.CompletedProcess(["kiln", *args], code, out.getvalue(), err.getvalue())
+    done = subprocess.CompletedProcess(["kiln", *args], code, out.getvalue(), err.getvalue())
+    if check:
+        done.check_returncode()
+    return done

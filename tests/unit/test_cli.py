@@ -1,4 +1,4 @@
-"""The `kiln` console script, run as a user runs it."""
+"""The `kiln` command: its console script, and each command's output and exit code."""
 
 from __future__ import annotations
 
@@ -8,14 +8,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cli import run_kiln
 from tests.conftest import PROFILES
 
 KILN = str(Path(sys.executable).with_name("kiln"))
 
 
 def kiln(*args: str) -> subprocess.CompletedProcess[str]:
+    """`kiln` in this process: the same argv, exit code and output as the script, without a Python start each."""
+    return run_kiln(*args, env={**os.environ, "KILN_PROFILES_DIR": str(PROFILES)})
+
+
+def test_the_console_script_runs() -> None:
     env = {**os.environ, "KILN_PROFILES_DIR": str(PROFILES)}
-    return subprocess.run([KILN, *args], capture_output=True, text=True, env=env, check=False, timeout=120)
+    result = subprocess.run([KILN, "detect", "--list"], capture_output=True, text=True, env=env, check=False,
+                            timeout=120)
+    assert result.returncode == 0 and "gpu-h100x8-640gb" in result.stdout
 
 
 def test_detect_fixture_table_and_json() -> None:

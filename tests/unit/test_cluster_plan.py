@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from tests.cli import run_kiln
 from tests.unit.test_render import vllm_parser
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
@@ -22,8 +20,6 @@ from kiln.render.cluster import DP_RPC_PORT, MASTER_PORT, Node, distributed_port
 from kiln.render.vllm import IMAGE_VLLM, Runtime
 from kiln.setup.types import Plan, Refusal
 from kiln.wiring import Kiln
-
-KILN = str(Path(sys.executable).parent / "kiln")
 
 
 def cluster(kiln: Kiln, machine: str, nodes: int, profile: str, gbps: float | None = None,
@@ -125,22 +121,20 @@ def test_every_nodes_command_line_parses_with_vllm(kiln: Kiln) -> None:
 
 
 def test_kiln_plan_nodes_prints_each_node_and_json(kiln: Kiln) -> None:
-    done = subprocess.run([KILN, "plan", "--machine", "h100x8", "--nodes", "2", "--profile", "deepseek-v3.2",
-                           "--json"], capture_output=True, text=True, timeout=120, check=True)
+    done = run_kiln("plan", "--machine", "h100x8", "--nodes", "2", "--profile", "deepseek-v3.2",
+                           "--json", check=True)
     data = json.loads(done.stdout)
     assert data["kind"] == "cluster" and len(data["node_argv"]) == 2
     assert "--headless" in data["node_argv"][1] and "--headless" not in data["node_argv"][0]
     assert data["network"]["gbps"] == 25 and data["predicted"]["engine"] == "kiln"
-    text = subprocess.run([KILN, "plan", "--machine", "h100x8", "--nodes", "2", "--profile", "deepseek-v3.2",
-                           "--workload", "chat"], capture_output=True, text=True, timeout=120, check=True).stdout
+    text = run_kiln("plan", "--machine", "h100x8", "--nodes", "2", "--profile", "deepseek-v3.2",
+                           "--workload", "chat", check=True).stdout
     assert "node 1 (headless)" in text and "Predicted:" in text
     assert "`cluster: {name: NAME, nodes: 2}` and `do_token`, tag them kiln-cluster:NAME" in text
-    fleet = subprocess.run([KILN, "plan", "--machine", "h100x8", "--nodes", "2", "--profile",
-                            "llama-3.3-70b-instruct", "--json"],
-                           capture_output=True, text=True, timeout=120, check=True)
+    fleet = run_kiln("plan", "--machine", "h100x8", "--nodes", "2", "--profile",
+                            "llama-3.3-70b-instruct", "--json", check=True)
     assert json.loads(fleet.stdout)["kind"] == "fleet"
-    refused = subprocess.run([KILN, "plan", "--machine", "h100x1", "--nodes", "2", "--profile", "deepseek-v3.2"],
-                             capture_output=True, text=True, timeout=120, check=False)
+    refused = run_kiln("plan", "--machine", "h100x1", "--nodes", "2", "--profile", "deepseek-v3.2")
     assert refused.returncode == 2 and "--nodes" in refused.stderr
 
 

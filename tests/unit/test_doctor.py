@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import ctypes
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pynvml
 import pytest
+from tests.cli import run_kiln
 from tests.conftest import DATA
 
 from kiln.choice.schema import Choice
@@ -35,7 +35,6 @@ from kiln.setup.types import Plan
 from kiln.wiring import Kiln
 
 FAILING = DATA / "doctor"
-KILN = str(Path(sys.executable).parent / "kiln")
 GPU_FIXTURES = ["h100x1", "h100x8", "h200x1", "h200x8", "b300x8", "l40s", "rtx4000ada", "rtx6000ada"]
 
 
@@ -189,13 +188,12 @@ def test_a_hand_written_machine_file_skips_the_host_checks(kiln: Kiln, tmp_path:
 
 
 def test_the_cli_prints_a_report_and_exits_2_when_blocked() -> None:
-    old = subprocess.run([KILN, "doctor", "--machine", str(FAILING / "h100x1-old-driver.yaml"), "--profile",
-                          "llama-3.1-8b-instruct"], capture_output=True, text=True, timeout=60, check=False)
+    old = run_kiln("doctor", "--machine", str(FAILING / "h100x1-old-driver.yaml"), "--profile",
+                          "llama-3.1-8b-instruct")
     assert old.returncode == 2, old.stderr
     assert "FAIL  driver" in old.stdout and "fix: use an image built by kiln" in old.stdout
     assert old.stdout.rstrip().splitlines()[-1].startswith("blocked: ")
-    healthy = subprocess.run([KILN, "doctor", "--machine", "h100x8", "--profile", "llama-3.3-70b-instruct", "--json"],
-                             capture_output=True, text=True, timeout=60, check=False)
+    healthy = run_kiln("doctor", "--machine", "h100x8", "--profile", "llama-3.3-70b-instruct", "--json")
     assert healthy.returncode == 0, healthy.stderr
     data = json.loads(healthy.stdout)
     assert data["verdict"] == "healthy" and data["profile"] == "llama-3.3-70b-instruct"

@@ -6,25 +6,23 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests.cli import run_kiln
 from tests.do_api import TOKEN, State, serve_api
 
 from kiln.fleet import ops
 from kiln.fleet.api import DigitalOcean
 from kiln.fleet.spec import FleetSpec, droplet_requests, firewall_request, load_balancer_request
 
-KILN = str(Path(sys.executable).parent / "kiln")
 USER_DATA = ("#cloud-config\nwrite_files:\n  - path: /etc/kiln/kiln.yaml\n"
              "    content: 'profile: llama-3.3-70b-instruct'\n")
 
 
 def fleet(url: str, *args: str, token: str = TOKEN, stdin: str = "") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DIGITALOCEAN_TOKEN": token, "DIGITALOCEAN_API_URL": url}
-    return subprocess.run([KILN, "fleet", *args], input=stdin, capture_output=True, text=True, env=env, timeout=120,
-                          check=False)
+    return run_kiln("fleet", *args, stdin=stdin, env=env)
 
 
 def up_args(tmp_path: Path, count: int = 2, size: str = "gpu-h100x8-640gb", region: str = "nyc2") -> list[str]:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from tests.cli import run_kiln
 
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice, validate_fields
@@ -22,7 +21,6 @@ from kiln.serve.decide import decide
 from kiln.setup.types import Refusal
 from kiln.wiring import Kiln
 
-KILN = str(Path(sys.executable).parent / "kiln")
 CONTRACT = {"output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "tokens_per_s_per_user", "ttft_ms",
             "tpot_ms", "itl_ms", "engine", "notes"}
 
@@ -63,26 +61,23 @@ def test_user_data_takes_a_workload_and_reports_a_bad_one() -> None:
 
 
 def test_predict_json_is_the_contract_and_covers_every_instance(kiln: Kiln) -> None:
-    done = subprocess.run([KILN, "predict", "--machine", "h100x8", "--profile", "llama-3.3-70b-instruct", "--tp", "2",
+    done = run_kiln("predict", "--machine", "h100x8", "--profile", "llama-3.3-70b-instruct", "--tp", "2",
                            "--speculative", "off", "--input-len", "1024", "--output-len", "1024", "--concurrency",
-                           "256", "--num-prompts", "512", "--engine", "kiln", "--json"],
-                          capture_output=True, text=True, timeout=120, check=True)
+                           "256", "--num-prompts", "512", "--engine", "kiln", "--json", check=True)
     out = json.loads(done.stdout)
     assert set(out) >= CONTRACT
     assert set(out["ttft_ms"]) == {"p50", "p90", "p99"} and set(out["tpot_ms"]) == {"p50", "p90"}
     assert out["setup"]["instances"] == 4 and out["setup"]["speculative_config"] is None
-    one = subprocess.run([KILN, "predict", "--machine", "h100x8", "--profile", "llama-3.3-70b-instruct", "--tp", "2",
+    one = run_kiln("predict", "--machine", "h100x8", "--profile", "llama-3.3-70b-instruct", "--tp", "2",
                           "--instances", "1", "--speculative", "off", "--input-len", "1024", "--output-len", "1024",
-                          "--concurrency", "64", "--num-prompts", "128", "--engine", "kiln", "--json"],
-                         capture_output=True, text=True, timeout=120, check=True)
+                          "--concurrency", "64", "--num-prompts", "128", "--engine", "kiln", "--json", check=True)
     # Four instances at 64 each deliver about four times one instance at 64.
     assert out["output_tokens_per_s"] == pytest.approx(4 * json.loads(one.stdout)["output_tokens_per_s"], rel=0.1)
 
 
 def test_predict_exits_2_with_the_reason_when_the_setup_does_not_fit() -> None:
-    done = subprocess.run([KILN, "predict", "--machine", "h100x1", "--profile", "llama-3.3-70b-instruct",
-                           "--quantization", "bf16", "--workload", "chat"], capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = run_kiln("predict", "--machine", "h100x1", "--profile", "llama-3.3-70b-instruct",
+                           "--quantization", "bf16", "--workload", "chat")
     assert done.returncode == 2 and "does not fit" in done.stderr
 
 
@@ -132,8 +127,8 @@ def test_the_boot_plans_for_the_user_data_workload(kiln: Kiln) -> None:
     assert plain.plan is not None and chat.plan is not None and not chat.problems
     assert any(line.startswith("Workload: sharegpt") for line in chat.plan.explanation)
     impossible = decide(kiln, "h100x1", ResolvedChoice(Choice(
-        profile="llama-3.1-8b-instruct", workload=WorkloadSpec(input_len=16_000, output_len=256, concurrency=64,
-                                                               ttft_ms=300)), {}), runtime)
+        profile="llama-3.1-8b-instruct", workload=WorkloadSpec(input_len=4_000, output_len=64, concurrency=8,
+                                                               ttft_ms=20)), {}), runtime)
     assert impossible.plan is not None  # served anyway, with the throughput plan
     assert [p.field for p in impossible.problems] == ["workload"]
     assert "serving the plan with the most output instead" in impossible.problems[0].what
@@ -141,9 +136,8 @@ def test_the_boot_plans_for_the_user_data_workload(kiln: Kiln) -> None:
 
 def test_plan_for_a_workload_lists_what_it_beat_and_draws_them(tmp_path: Path) -> None:
     png = tmp_path / "front.png"
-    done = subprocess.run([KILN, "plan", "--machine", "h200x8", "--profile", "deepseek-v3.2", "--workload", "batch",
-                           "--engine", "kiln", "--plot", str(png), "--json"],
-                          capture_output=True, text=True, timeout=120, check=True)
+    done = run_kiln("plan", "--machine", "h200x8", "--profile", "deepseek-v3.2", "--workload", "batch",
+                           "--engine", "kiln", "--plot", str(png), "--json", check=True)
     out = json.loads(done.stdout)
     assert out["workload"]["preset"] == "batch" and set(out["predicted_for_workload"]) >= CONTRACT
     assert out["alternatives"] and all(set(a["predicted"]) >= CONTRACT for a in out["alternatives"])
