@@ -8,7 +8,6 @@ from types import ModuleType
 from typing import Any
 
 from tests.conftest import load_script
-from vllm.benchmarks.lib.endpoint_request_func import StreamedResponseHandler
 
 from kiln.bench.client import BENCH_LAUNCHER
 
@@ -46,7 +45,7 @@ def test_every_event_is_read_wherever_the_stream_is_split() -> None:
         assert isinstance(events, list) and [sorted(e) for e in events] == [["text"], ["text"], ["usage"]], reads
     assert read(spaced(), [STREAM]) == EVENTS
     # vLLM's own handler fails a request when a read ends right after "data:".
-    lost = [reads for reads in splits if read(StreamedResponseHandler(), reads) == "Expecting value: line 1 column 1 "
+    lost = [reads for reads in splits if read(vllm_handler(), reads) == "Expecting value: line 1 column 1 "
             "(char 0)"]
     assert [b'data: {"text": "a b"}\n\ndata:', b' {"text": " c"}\n\ndata: {"usage": 3}\n\ndata: [DONE]\n\n'] in lost
 
@@ -54,4 +53,11 @@ def test_every_event_is_read_wherever_the_stream_is_split() -> None:
 def test_an_event_without_the_optional_space_is_read() -> None:
     stream = [b'data:{"text": "a"}\n\ndata:{"usage": 1}\n\ndata:[DONE]\n\n']
     assert read(launcher().SpacedEvents(), stream) == [{"text": "a"}, {"usage": 1}]
-    assert read(StreamedResponseHandler(), stream) == "Expecting value: line 1 column 1 (char 0)"
+    assert read(vllm_handler(), stream) == "Expecting value: line 1 column 1 (char 0)"
+
+
+def vllm_handler() -> object:
+    """vLLM's own stream handler, imported when a test needs it (importing vLLM takes seconds)."""
+    from vllm.benchmarks.lib.endpoint_request_func import StreamedResponseHandler  # noqa: PLC0415
+
+    return StreamedResponseHandler()

@@ -6,9 +6,7 @@ import json
 
 import pytest
 from tests.cli import run_kiln
-from tests.unit.test_render import vllm_parser
-from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+from tests.unit.test_render import vllm_accepts, vllm_parser
 
 from kiln.choice.schema import Choice
 from kiln.errors import ConfigError
@@ -32,8 +30,7 @@ def cluster(kiln: Kiln, machine: str, nodes: int, profile: str, gbps: float | No
 def parse_node(argv: tuple[str, ...]) -> object:
     assert argv[:2] == IMAGE_VLLM
     args = vllm_parser().parse_args(list(argv[2:]))
-    validate_parsed_serve_args(args)
-    AsyncEngineArgs.from_cli_args(args)
+    vllm_accepts(args)
     return args
 
 

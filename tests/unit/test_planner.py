@@ -149,7 +149,7 @@ def test_planning_is_pure(kiln: Kiln) -> None:
 
 
 # The fast tier plans every profile on these; tests/sweeps/ on every machine.
-SAMPLE_FIXTURES = ["h100x8", "b300x8"]
+SAMPLE_FIXTURES = ["h100x8", "l40s"]
 
 
 @pytest.mark.xdist_group("catalog_plans")  # one test process makes, and shares, every catalog plan

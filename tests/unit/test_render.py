@@ -10,9 +10,6 @@ from pathlib import Path
 import pytest
 from tests.conftest import Planned
 from tests.unit.test_planner import SAMPLE_FIXTURES
-from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from kiln.choice.schema import Choice
 from kiln.planner.search import make_plan
@@ -24,14 +21,26 @@ from kiln.wiring import Kiln
 
 @cache
 def vllm_parser() -> argparse.ArgumentParser:
+    # Imported when first needed: importing vLLM takes seconds, and only the tests that parse pay for it.
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser  # noqa: PLC0415
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
+
     return make_arg_parser(FlexibleArgumentParser())
+
+
+def vllm_accepts(args: argparse.Namespace) -> None:
+    """vLLM's own checks of parsed serve arguments, and its engine arguments built from them."""
+    from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
+    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args  # noqa: PLC0415
+
+    validate_parsed_serve_args(args)
+    AsyncEngineArgs.from_cli_args(args)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     assert tuple(argv[:2]) == IMAGE_VLLM
     args = vllm_parser().parse_args(argv[2:])
-    validate_parsed_serve_args(args)
-    AsyncEngineArgs.from_cli_args(args)
+    vllm_accepts(args)
     return args
 
 
