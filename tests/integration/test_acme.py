@@ -27,8 +27,7 @@ from tests.pebble import Pebble, available, pebble_server
 
 from kiln.serve.acme import AcmeError, Issued, issue_certificate
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(available() is not None, reason=available() or "")]
+pytestmark = pytest.mark.skipif(available() is not None, reason=available() or "")
 
 DOMAIN = "kiln.test"
 CHALLENGES = Path(".well-known/acme-challenge")

@@ -28,7 +28,7 @@ from tests.pebble import Pebble, available, free_port, pebble_server
 
 from kiln.serve.tls import inspect
 
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(available() is not None, reason=available() or "")]
+pytestmark = pytest.mark.skipif(available() is not None, reason=available() or "")
 KILN = str(Path(sys.executable).parent / "kiln")
 DOMAIN = "kiln.test"
 KEY = "kiln-acme-test-key-0123456789"

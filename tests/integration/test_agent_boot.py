@@ -12,10 +12,8 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 import requests
 
-pytestmark = pytest.mark.integration
 KILN = str(Path(sys.executable).parent / "kiln")
 KEY = "user-chosen-key-0123456789"
 CI_KEY = "kiln-ci-key-from-user-data-0123"

@@ -14,7 +14,6 @@ from kiln.render.vllm import MODULE_VLLM
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 
-pytestmark = pytest.mark.integration
 KILN = str(Path(sys.executable).parent / "kiln")
 PRICE = 1.57
 

@@ -14,7 +14,6 @@ from tests.documented import user_data
 
 from kiln.choice.userdata import extract_settings
 
-pytestmark = pytest.mark.integration
 HERE = Path(__file__).resolve().parent
 # Debian 12's python3-* versions of cloud-init's runtime needs (apt-cache show cloud-init).
 CLOUD_INIT_DEPS = ["jsonschema==4.10.3", "PyYAML==6.0.1", "requests==2.28.1", "configobj==5.0.8", "jsonpatch==1.32"]

@@ -24,8 +24,7 @@ import pytest
 from tests.do_api import TOKEN
 from tests.netns import ADDRESSES, NAMESPACES, can_make_namespaces, in_namespace, ip, namespaces_left, two_namespaces
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not can_make_namespaces(), reason="network namespaces need root and iproute2")]
+pytestmark = pytest.mark.skipif(not can_make_namespaces(), reason="network namespaces need root and iproute2")
 
 KILN = str(Path(sys.executable).parent / "kiln")
 REPO = Path(__file__).resolve().parents[2]

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from tests.netns import Pair, can_make_namespaces, in_namespace, ip, namespaces_left, two_namespaces
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not can_make_namespaces(), reason="network namespaces need root and iproute2")]
+pytestmark = pytest.mark.skipif(not can_make_namespaces(), reason="network namespaces need root and iproute2")
 
 PAIR = Pair(("kiln-fw0", "kiln-fw1"), ("kiln-f0", "kiln-f1"), ("10.233.0.1", "10.233.0.2"))
 OUTSIDE = "10.233.1.2"  # the second node's address outside the VPC's range (10.233.0.0/24)

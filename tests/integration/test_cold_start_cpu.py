@@ -15,10 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import requests
 
-pytestmark = pytest.mark.integration
 KILN = str(Path(sys.executable).parent / "kiln")
 TOLERANCE = 0.5
 HEALTH = 18791

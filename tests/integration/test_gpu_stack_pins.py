@@ -21,7 +21,6 @@ from tests.conftest import REPO
 from kiln.doctor.stack import cuda_of_torch, pin_problems
 from kiln.wiring import Kiln
 
-pytestmark = pytest.mark.integration
 TOOLS = REPO / ".venv-tools" / "bin"
 # The image's vLLM virtualenv: Ubuntu 24.04's Python on x86_64, the platform of PyPI's manylinux wheels.
 PLATFORM = ["--platform", "manylinux_2_28_x86_64", "--implementation", "cp", "--only-binary=:all:"]

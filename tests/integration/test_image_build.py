@@ -16,7 +16,6 @@ from typing import Any
 import psutil
 import pytest
 
-pytestmark = pytest.mark.integration
 KILN = str(Path(sys.executable).parent / "kiln")
 BUILD_TIMEOUT_S = 2400
 SMOKE_TIMEOUT_S = 1200

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.integration
 TOOLS = REPO / ".venv-tools" / "bin"
 
 

@@ -26,7 +26,6 @@ from tests.hub_server import Hub, Repo, serve
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 
-pytestmark = pytest.mark.integration
 KILN = str(Path(sys.executable).parent / "kiln")
 REPO_ID = "kiln-test/tiny-llama"
 TOKEN = "hf_kilnDownloadTestTokenAbCdEfGh"

@@ -30,8 +30,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kiln.cli.keys import RELOAD_WAIT_S
 
-pytestmark = pytest.mark.integration
-
 PUBLIC, HEALTH, ROUTER, ROUTER_METRICS = 18000, 18090, 18001, 18002
 PRICE_PER_HOUR = 1.57
 STARTUP_TIMEOUT_S = 480

@@ -16,7 +16,6 @@ from kiln.serve.front import Front
 from kiln.serve.layout import ServeLayout
 from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv
 
-pytestmark = pytest.mark.integration
 # What a self-signed certificate is by nature, and a scanner reports of it: no chain to a public root, no
 # revocation service, no DNS name to have a CAA record.
 SELF_SIGNED = {"cert_chain_of_trust", "cert_revocation", "DNS_CAArecord"}

@@ -27,8 +27,7 @@ from kiln.setup.types import Plan
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not can_make_namespaces(), reason="network namespaces need root and iproute2")]
+pytestmark = pytest.mark.skipif(not can_make_namespaces(), reason="network namespaces need root and iproute2")
 
 SHIM = Path(kiln.__file__).parent / "data" / "vllm" / "kiln_vllm_serve.py"
 STARTUP_TIMEOUT_S = 900  # two engines compiling on two shared cores

@@ -20,7 +20,6 @@ from kiln.setup.types import Plan
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 
-pytestmark = pytest.mark.integration
 STARTUP_TIMEOUT_S = 400
 
 
