@@ -1,9 +1,10 @@
 """The CPU path's predicted cold start against `kiln up --profile tiny-cpu`'s own measured timeline on /status.
 
-The CPU constants of data/coldstart.yaml come from one recorded start (tests/data/startup/cpu-0.32-cold.log); this
-start is another, with a fresh state folder (so a cold torch.compile, as predicted). Every part is CPU-bound (imports,
-the compile, the warm-up) on a 2-core machine that other work shares, so a start runs up to half again slower or
-faster with the load beside it: TOLERANCE is that, and a prediction off by more is wrong, not unlucky.
+The CPU constants of data/coldstart.yaml come from one recorded start on an idle machine
+(tests/data/startup/cpu-0.32-cold-quiet.log); this start is another, with a fresh state folder (so a cold
+torch.compile, as predicted). Every part is CPU-bound (imports, the compile, the warm-up) on a 2-core machine, so a
+start runs up to half again slower or faster with the load beside it: TOLERANCE is that, and a prediction off by more
+is wrong, not unlucky.
 """
 
 from __future__ import annotations
