@@ -400,6 +400,29 @@ def test_a_failure_after_an_acme_order_backs_off(tmp_path: Path) -> None:
     assert "retries in 10 minutes" in state.last_error.fix
 
 
+def test_status_names_the_acme_certificate_only_once_the_endpoint_presents_it(tmp_path: Path) -> None:
+    front = Front(ServeLayout(state_dir=tmp_path), ProxySettings(max_in_flight=8))
+    front.load_keys("kiln-default-key-0123456789", None)
+    front.choose_tls(TlsAcme(domain="llm.example.com"), ["203.0.113.7"])
+    old = front.tls.info
+    assert old is not None
+    cert, key = make_self_signed(["llm.example.com"], dt.datetime.now(dt.timezone.utc), days=90)
+    state = AgentState(endpoint="", health="", keys_file="")
+    seen: list[tuple[str, object]] = []
+
+    def served() -> str | None:  # nginx's old workers answer three more times before the new ones do
+        seen.append(("probe", (state.tls or {}).get("sha256")))
+        return old.sha256 if len(seen) <= 3 else inspect(cert).sha256
+
+    endpoint = Endpoint(front, state, "127.0.0.1", (), motd=lambda text: None, reload_proxy=lambda: None,
+                        issue=lambda *args, **kwargs: Issued(cert, key, inspect(cert).not_after), served_sha256=served)
+    endpoint.renew()
+    assert endpoint._acme is not None
+    endpoint._acme.join(timeout=10)
+    assert len(seen) == 4 and all(sha != inspect(cert).sha256 for _, sha in seen)
+    assert state.tls is not None and state.tls["mode"] == "acme" and state.tls["sha256"] == inspect(cert).sha256
+
+
 def test_kilns_tools_pin_kilns_own_certificate(running: Running, tmp_path: Path) -> None:
     key = "kiln-default-key-0123456789"
     with pytest.raises(KilnError, match="not trusted") as refused:

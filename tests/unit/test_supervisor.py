@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from kiln.processes import LocalProcesses, ProcessSpec, Running
-from kiln.serve.agent import http_probe
+from kiln.serve.probes import http_probe
 from kiln.serve.supervisor import READY, RESTARTING, STARTING, UNRESPONSIVE, Member, Supervisor, SupervisorSettings
 
 

@@ -21,10 +21,10 @@ from kiln.hub.client import OK, HubClient, Progress
 from kiln.hub.files import repos_for
 from kiln.processes import LocalProcesses, ProcessSpec
 from kiln.render.vllm import MODULE_VLLM, OFFLINE_ENV, Runtime, find_vllm_python
-from kiln.serve.agent import http_probe
 from kiln.serve.caches import Caches
 from kiln.serve.decide import Decision, decide
 from kiln.serve.layout import ServeLayout
+from kiln.serve.probes import http_probe
 from kiln.serve.secretfiles import write_private
 from kiln.serve.startup import parse_startup
 from kiln.tinymodel import make_tiny_model

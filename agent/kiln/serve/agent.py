@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pynvml
-import requests
 
 from kiln import datafiles
 from kiln.bench.client import Target, VllmBench
@@ -49,6 +48,7 @@ from kiln.serve.health import HealthServer
 from kiln.serve.layout import ServeLayout
 from kiln.serve.models import Milestones, ModelStep
 from kiln.serve.notify import sd_notify
+from kiln.serve.probes import fetch_text, http_probe, served_certificate_sha256
 from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv
 from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
 from kiln.serve.secretfiles import write_private
@@ -135,22 +135,6 @@ def share_with_group(user: str, files: list[Path]) -> None:
     for path in files:
         os.chown(path, 0, group, follow_symlinks=False)
         os.chmod(path, 0o640)
-
-
-def http_probe(url: str, timeout_s: float = 5.0) -> bool:
-    """200 within the timeout; an API server whose cores the engine keeps busy may answer seconds late."""
-    try:
-        return requests.get(url, timeout=timeout_s).status_code == 200
-    except requests.RequestException:
-        return False
-
-
-def _fetch(url: str, timeout_s: float = 2) -> str:
-    try:
-        reply = requests.get(url, timeout=timeout_s)
-        return reply.text if reply.ok else ""
-    except requests.RequestException:
-        return ""
 
 
 class Agent:
@@ -443,9 +427,11 @@ class Agent:
         if not router:
             raise KilnError("vllm-router is not installed", fix="pip install vllm-router in kiln's environment")
         settings = ProxySettings(max_in_flight=self._max_in_flight(decision), worker_user=options.proxy_user)
+        own_host = layout.local_host if layout.public_host in ("0.0.0.0", "::") else layout.public_host
         self.endpoint = Endpoint(Front(layout, settings, nginx=nginx),
                                  self.state, options.advertised_host, options.tls_names, self._write_motd_text,
-                                 self._reload_proxy)
+                                 self._reload_proxy,
+                                 served_sha256=lambda: served_certificate_sha256(own_host, layout.public_port))
         self.endpoint.configure(resolved)
         logs = self._logs
         proxy = Member(ProcessSpec("proxy", nginx_argv(nginx, layout), log_file=_log(logs, "proxy")))
@@ -658,7 +644,7 @@ class Agent:
         while time.monotonic() < deadline and not self.stopping.is_set():
             if not member.route_url or member.running is None or member.running.exit_code() is not None:
                 return
-            text = _fetch(f"{member.route_url}/metrics", timeout_s=5)
+            text = fetch_text(f"{member.route_url}/metrics", timeout_s=5)
             if prom.requests_in_flight(text) == 0:  # None (no answer, or one that does not parse) is not idle
                 idle_since = time.monotonic() if idle_since is None else idle_since
                 if time.monotonic() - idle_since >= DRAIN_SETTLE_S:
@@ -714,7 +700,7 @@ class Agent:
     def _instance_metrics(self) -> dict[str, str]:
         if not self.supervisor:
             return {}
-        return {m.name: _fetch(f"{m.route_url}/metrics") for m in self.supervisor.ready_instances() if m.route_url}
+        return {m.name: fetch_text(f"{m.route_url}/metrics") for m in self.supervisor.ready_instances() if m.route_url}
 
     def _read_startups(self) -> None:
         """Each instance's start-up phases from its log, until its current run is ready."""
@@ -741,7 +727,7 @@ class Agent:
         status = self.state.status(with_telemetry=False)
         layout = self.options.layout
         families = prom.kiln_families(status, self.state.telemetry())
-        families += prom.parse(_fetch(f"http://{layout.local_host}:{layout.router_metrics_port}/metrics"))
+        families += prom.parse(fetch_text(f"http://{layout.local_host}:{layout.router_metrics_port}/metrics"))
         families += prom.merge_labelled(self._instance_metrics(), "kiln_instance")
         return prom.exposition(families)
 

@@ -19,6 +19,7 @@ from kiln.serve.state import AgentState
 
 log = logging.getLogger("kiln.agent")
 ACME_RETRY_S = 600.0  # after a failed ACME order: Let's Encrypt allows 5 failed validations an hour
+SWAP_WAIT_S = 30.0  # nginx's new workers take the new certificate; a loaded machine starts them late
 
 
 @dataclass
@@ -33,6 +34,9 @@ class Endpoint:
     issue: Callable[..., Issued] = issue_certificate  # the ACME order (kiln.serve.acme)
     _acme: threading.Thread | None = None
     _acme_retry_at: float = 0.0
+    # The SHA-256 of the certificate the endpoint presents now (kiln.serve.probes); None: not checked.
+    served_sha256: Callable[[], str | None] | None = None
+    swap_wait_s: float = SWAP_WAIT_S
 
     def configure(self, resolved: ResolvedChoice) -> TlsState:
         """Keys and certificate from the choice, into nginx's configuration (nginx re-reads it on reload_proxy)."""
@@ -67,6 +71,8 @@ class Endpoint:
         before = (self.front.keys, self.front.tls.info)
         self.configure(resolved)
         self.reload_proxy()
+        if self.front.tls.info != before[1]:
+            self._await_served(self.front.tls)
         return [what for what, old, new in (("keys", before[0], self.front.keys),
                                            ("certificate", before[1], self.front.tls.info)) if old != new]
 
@@ -130,9 +136,23 @@ class Endpoint:
             self._back_off(f"the ACME certificate was issued but cannot be put in place: {exc}",
                            f"free space and check the permissions of {layout.tls_dir}")
             return
+        self._await_served(tls)
         self.state.tls = tls.as_dict()
         self.motd(self.motd_text())
         log.info("TLS: serving the ACME certificate for %s until %s", wanted.domain, issued.not_after.isoformat())
+
+    def _await_served(self, tls: TlsState) -> None:
+        """Until the endpoint presents the new certificate: /status says what clients get, not what was sent to
+        nginx, whose old workers serve the old one until its new ones start."""
+        if self.served_sha256 is None or tls.info is None:
+            return
+        deadline = time.monotonic() + self.swap_wait_s
+        while (served := self.served_sha256()) != tls.info.sha256:
+            if time.monotonic() >= deadline:
+                log.warning("TLS: the endpoint still presents %s, %.0f s after nginx was told to serve %s",
+                            served or "no certificate", self.swap_wait_s, tls.info.sha256)
+                return
+            time.sleep(0.2)
 
     def _back_off(self, what: str, fix: str) -> None:
         self._acme_retry_at = time.monotonic() + ACME_RETRY_S
