@@ -23,13 +23,13 @@ from kiln.pricing import hourly_price, usd_per_million_tokens
 from kiln.processes import LocalProcesses, ProcessSpec
 from kiln.render.vllm import Runtime
 from kiln.serve import metrics as prom
-from kiln.serve.agent import give_to_user, keep_for_root, share_with_group
 from kiln.serve.decide import NOT_OVERRIDES, OVERRIDES, Decision, decide
 from kiln.serve.front import Front
 from kiln.serve.health import HealthServer
 from kiln.serve.keys import ApiKey, KeyStore
 from kiln.serve.layout import ServeLayout
 from kiln.serve.meter import TokenMeter
+from kiln.serve.ownership import give_to_user, keep_for_root, share_with_group
 from kiln.serve.proxy import PUBLIC_PATHS, ProxySettings, nginx_argv, nginx_config
 from kiln.serve.router import RouterSettings, router_argv
 from kiln.serve.secretfiles import write_private

@@ -7,8 +7,6 @@ import dataclasses
 import json
 import logging
 import os
-import pwd
-import stat
 import sys
 import threading
 import time
@@ -19,7 +17,6 @@ from pathlib import Path
 import pynvml
 
 from kiln import datafiles
-from kiln.bench.client import Target, VllmBench
 from kiln.choice.resolve import ResolvedChoice
 from kiln.cluster.membership import Membership
 from kiln.cluster.membership import NotYet as ClusterNotYet
@@ -31,43 +28,39 @@ from kiln.hub.baked import MANIFEST, read_manifest
 from kiln.hub.client import HubClient, Progress
 from kiln.hub.files import repos_for
 from kiln.hub.preflight import HubVerdict
-from kiln.perf.predict import forecast, kiln_steps
 from kiln.perf.workload import resolve as resolve_workload
 from kiln.pricing import hourly_price
-from kiln.processes import LocalProcesses, ProcessSpec
+from kiln.processes import ProcessSpec
 from kiln.render.cluster import distributed_ports
-from kiln.render.systemd import instance_dropin
-from kiln.render.vllm import IMAGE_VLLM, OFFLINE_ENV, RenderedInstance, Runtime, vllm_python
-from kiln.serve import metrics as prom
+from kiln.render.vllm import IMAGE_VLLM, Runtime, vllm_python
+from kiln.serve.assembly import Assembly, log_file
 from kiln.serve.caches import Caches, place_caches
 from kiln.serve.cluster_node import ClusterOptions, NodeWatch, find_membership, open_firewall
 from kiln.serve.decide import Decision, decide
+from kiln.serve.drain import drain
 from kiln.serve.endpoint import Endpoint
 from kiln.serve.front import Front
 from kiln.serve.health import HealthServer
 from kiln.serve.layout import ServeLayout
 from kiln.serve.models import Milestones, ModelStep
 from kiln.serve.notify import sd_notify
-from kiln.serve.probes import fetch_text, http_probe, served_certificate_sha256
+from kiln.serve.ownership import keep_for_root
+from kiln.serve.probes import http_probe, served_certificate_sha256
 from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv
+from kiln.serve.reports import Reports
 from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
 from kiln.serve.secretfiles import write_private
-from kiln.serve.selfcheck import SelfCheckSettings, self_check_result
-from kiln.serve.startup import AgentSteps, parse_startup
+from kiln.serve.selfcheck import SelfCheckSettings
+from kiln.serve.selfcheck_run import run_self_check
+from kiln.serve.startup import AgentSteps
 from kiln.serve.state import DETECTING, DOWNLOADING, JOINING, PLANNING, STARTING_PHASE, AgentState
-from kiln.serve.supervisor import Launcher, Member, Supervisor, SupervisorSettings
-from kiln.serve.systemd_units import SystemdUnits
+from kiln.serve.supervisor import Member, Supervisor, SupervisorSettings
 from kiln.serve.telemetry import gpu_telemetry
-from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 
 log = logging.getLogger("kiln.agent")
 METER_INTERVAL_S = 5.0
 LOOP_S = 0.2  # how soon a reload (SIGHUP) is acted on
-DRAIN_S = 120.0  # a rolling change waits this long for an instance's requests in flight
-# ... and wants it idle this long in a row: a request the router sent just before the instance left routing may still
-# be in its API server, which vLLM's gauges (the engine's running and waiting requests) do not count yet.
-DRAIN_SETTLE_S = 2.0
 DOCTOR_WAIT_S = 120.0  # how long a transient pre-flight failure (a fabric still being set up) may take to clear
 DOCTOR_RETRY_S = 5.0
 QUEUE_FACTOR = 2  # requests in flight per instance slot: one running batch and one waiting
@@ -94,49 +87,6 @@ class AgentOptions:
     cluster: ClusterOptions = field(default_factory=ClusterOptions)
 
 
-def _log(folder: Path | None, name: str) -> Path | None:
-    return folder / f"{name}.log" if folder else None
-
-
-def give_to_user(user: str, state_dir: Path, paths: list[Path]) -> None:
-    """Hand the folders the units write to their user."""
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        log.warning("user %s does not exist; the units may not read %s", user, state_dir)
-        return
-    for path in paths:
-        for target in [path, *path.rglob("*")] if path.is_dir() and not path.is_symlink() else [path]:
-            # A link the user planted is chowned itself, never what it points at.
-            os.chown(target, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
-
-
-def keep_for_root(folder: Path) -> None:
-    """The agent's own folder: a real directory, root's, which no one else may write (not even the instances)."""
-    try:
-        info = os.lstat(folder)
-    except OSError as exc:
-        raise KilnError(f"{folder} cannot be read: {exc.strerror}",
-                        fix="the kiln_agent role makes it; rebuild the image or create it, root's, mode 0755") from exc
-    if not stat.S_ISDIR(info.st_mode):
-        raise KilnError(f"{folder} is not a directory (a link or a file is there)",
-                        fix=f"remove it (`rm {folder}`), then `systemctl restart kiln-agent`, which makes the folder")
-    if info.st_uid != 0 or info.st_gid != 0:
-        os.chown(folder, 0, 0, follow_symlinks=False)
-    os.chmod(folder, 0o755)
-
-
-def share_with_group(user: str, files: list[Path]) -> None:
-    """Root's files the units must read: root-owned, readable by the units' group, written by no one else."""
-    try:
-        group = pwd.getpwnam(user).pw_gid
-    except KeyError:
-        return
-    for path in files:
-        os.chown(path, 0, group, follow_symlinks=False)
-        os.chmod(path, 0o640)
-
-
 class Agent:
     def __init__(self, kiln: Kiln, options: AgentOptions) -> None:
         self.kiln = kiln
@@ -153,17 +103,16 @@ class Agent:
         self.decision: Decision | None = None
         self.stopping = threading.Event()
         self._self_check: threading.Thread | None = None
-        self.models_cached = False  # the plan's repositories are in the cache: the instances start offline
-        self.caches = Caches.in_state_dir(layout.state_dir, "not chosen yet")
+        self.parts = Assembly(layout, Caches.in_state_dir(layout.state_dir, "not chosen yet"), options.systemd,
+                              options.service_user)
         self.steps = AgentSteps()
         self._lap_from = time.monotonic()
-        self._timelines: dict[str, tuple[object, bool]] = {}  # instance -> (the run its timeline is of, complete)
+        self.reports = Reports(self.state, layout, lambda: self.supervisor)
         self.endpoint: Endpoint | None = None  # keys, certificate and nginx's configuration, once serving
         self.reload_requested = threading.Event()
         self.renewal_requested = threading.Event()
         self._rollout: threading.Thread | None = None
         self._verdict: HubVerdict | None = None
-        self._launcher: Launcher | None = None
         self.membership: Membership | None = None  # this machine's part of a cluster
         self.node_watch: NodeWatch | None = None
 
@@ -191,7 +140,7 @@ class Agent:
                     self.endpoint.renew(force=forced)
                 if time.monotonic() >= next_meter:
                     next_meter = time.monotonic() + METER_INTERVAL_S
-                    self._meter()
+                    self.reports.meter()
                     self._start_self_check()
         finally:
             sd_notify("STOPPING=1")
@@ -252,7 +201,7 @@ class Agent:
         self._lap("detect and plan")
         decision, verdict = models.check(first, resolved)
         if models.baked:
-            self.models_cached = True
+            self.parts.models_cached = True
             state.download = {"state": "baked", "detail": models.baked}
             log.info("model: %s: nothing to download", models.baked)
         self._lap("ask the Hub")
@@ -265,7 +214,7 @@ class Agent:
             self._fail(what, fix, journal=f"nothing to serve: {what}")
             return
         self._use_caches(self._caches_for(decision))
-        decision.render(self.caches.runtime(runtime))
+        decision.render(self.parts.caches.runtime(runtime))
         self._lap("choose the cache disk")
         if not self._preflight(decision, verdict):
             return
@@ -332,7 +281,7 @@ class Agent:
         self.node_watch.start()
 
     def _hub_client(self, token: str | None) -> HubClient:
-        return HubClient(hub_cache(self.caches.hf_home), token)
+        return HubClient(hub_cache(self.parts.caches.hf_home), token)
 
     def _caches_for(self, decision: Decision) -> Caches:
         """Where this plan's caches go: the disk that holds its files already, else the roomiest."""
@@ -341,7 +290,7 @@ class Agent:
         return place_caches(self.kiln.mounts(), self.options.layout.state_dir, repos)
 
     def _use_caches(self, caches: Caches) -> None:
-        self.caches = caches
+        self.parts.caches = caches
         self.state.cache = caches.as_dict()
         log.info("cache disk: %s: %s", caches.root, caches.disk.reason)
 
@@ -353,7 +302,7 @@ class Agent:
 
     def _doctor(self, decision: Decision, verdict: HubVerdict | None) -> Report:
         assert decision.plan is not None and decision.profile is not None
-        cache = self.caches.hf_home
+        cache = self.parts.caches.hf_home
         needs = needs_of(decision.plan, decision.profile)
         if verdict and verdict.readable:  # the Hub's exact sizes instead of the estimate
             needs = dataclasses.replace(needs, model_bytes=verdict.bytes)
@@ -369,7 +318,7 @@ class Agent:
 
         why = models.download(self._hub_client(token), verdict.readable, progress)
         if why is None:
-            self.models_cached = True
+            self.parts.models_cached = True
             return True
         if not self.stopping.is_set():
             self._fail(why, "check the network and the disk; restart kiln-agent to resume (files already complete "
@@ -416,8 +365,8 @@ class Agent:
     def _supervisor(self, decision: Decision, resolved: ResolvedChoice) -> Supervisor:
         layout, options = self.options.layout, self.options
         assert decision.plan is not None and decision.profile is not None
-        self._make_local_model(decision)
-        self._write_hf_token(resolved.choice.hf_token)
+        self.parts.make_local_model(decision)
+        self.parts.write_hf_token(resolved.choice.hf_token)
         if decision.node and not decision.node.is_head:
             return self._worker_supervisor(decision)
         nginx, router = find_nginx(), find_router()
@@ -433,94 +382,30 @@ class Agent:
                                  self._reload_proxy,
                                  served_sha256=lambda: served_certificate_sha256(own_host, layout.public_port))
         self.endpoint.configure(resolved)
-        logs = self._logs
-        proxy = Member(ProcessSpec("proxy", nginx_argv(nginx, layout), log_file=_log(logs, "proxy")))
+        proxy = Member(ProcessSpec("proxy", nginx_argv(nginx, layout), log_file=log_file(self.parts.logs, "proxy")))
         router_member = Member(ProcessSpec("router", router_argv(router, layout, options.router),
-                                           log_file=_log(logs, "router")),
+                                           log_file=log_file(self.parts.logs, "router")),
                                probe_url=f"{layout.router_url}/health")
-        instances = [self._instance(r, logs) for r in decision.rendered]
+        instances = [self.parts.instance(r) for r in decision.rendered]
         for member in instances if decision.node else ():
             member.held = True  # the cluster's head starts its engine once every node answers
-        self._write_runtime([proxy, router_member, *instances])
-        return Supervisor(launcher=self._make_launcher(decision), routing=RouterClient(layout.router_url),
+        self.parts.write_runtime([proxy, router_member, *instances])
+        return Supervisor(launcher=self.parts.make_launcher(decision), routing=RouterClient(layout.router_url),
                           probe=http_probe, settings=options.supervisor, router=router_member, others=[proxy],
                           instances=instances)
 
     def _worker_supervisor(self, decision: Decision) -> Supervisor:
         """A cluster's worker node: only its engine, headless, started for the head's generation (NodeWatch)."""
         rendered = decision.rendered[0]
-        engine = Member(self._spec(rendered, self._logs), port=rendered.port, held=True)
-        self._write_runtime([engine])
+        engine = Member(self.parts.spec(rendered), port=rendered.port, held=True)
+        self.parts.write_runtime([engine])
         if self.membership:
             m = self.membership
             self._write_motd_text(f"kiln: cluster {m.name}: this node is rank {m.rank} of {m.nodes}; the endpoint is "
                                   f"served by the head, {m.head_address} (`kiln status` there lists every node)\n")
-        return Supervisor(launcher=self._make_launcher(decision), routing=RouterClient(self.options.layout.router_url),
-                          probe=http_probe, settings=self.options.supervisor, instances=[engine])
-
-    def _make_launcher(self, decision: Decision) -> Launcher:
-        layout, options = self.options.layout, self.options
-        launcher: Launcher = LocalProcesses()
-        if options.systemd:
-            # The state folder is root's; the units (User=kiln) write only these folders in it, and read the
-            # runtime (argv, environment) through their group (_write_runtime).
-            writable = [layout.models_dir, *self.caches.folders, layout.home_dir]
-            for folder in writable:
-                folder.mkdir(parents=True, exist_ok=True)
-            give_to_user(options.service_user, layout.state_dir, writable)
-            launcher = SystemdUnits(self._dropins(decision))
-        self._launcher = launcher
-        return launcher
-
-    @property
-    def _logs(self) -> Path | None:
-        return None if self.options.systemd else self.options.layout.log_dir  # under systemd, the journal
-
-    def _make_local_model(self, decision: Decision) -> None:
-        assert decision.plan is not None and decision.profile is not None
-        if decision.profile.local_model and decision.profile.cpu_only:
-            target = self.options.layout.models_dir / decision.plan.engine.model
-            if not (target / "config.json").exists():
-                log.info("making the tiny model in %s", target)
-                make_tiny_model(decision.profile, target)
-
-    def _dropins(self, decision: Decision) -> dict[str, str]:
-        assert decision.plan is not None
-        state_dir = self.options.layout.state_dir
-        elsewhere = tuple(str(f) for f in self.caches.folders if state_dir not in (f, *f.parents))
-        return {r.name: instance_dropin(r, profile=decision.plan.profile, writable=elsewhere)
-                for r in decision.rendered}
-
-    def _write_runtime(self, members: list[Member]) -> None:
-        """What `kiln agent exec NAME` (each unit's ExecStart) starts: argv and environment, no secret."""
-        path = self.options.layout.runtime_file
-        write_private(path, json.dumps({"processes": [m.spec.as_dict() for m in members]}, indent=2) + "\n")
-        if self.options.systemd:
-            share_with_group(self.options.service_user, [path])
-
-    def _write_hf_token(self, token: str | None) -> None:
-        """The token's one place besides its source: a root-only environment file the instances start with."""
-        path = self.options.layout.hf_token_env
-        if token is None:
-            path.unlink(missing_ok=True)
-            return
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(path.parent, 0o700)
-        write_private(path, f"HF_TOKEN={token}\n")
-        log.info("Hugging Face token: set (in %s, root only)", path)
-
-    def _instance(self, rendered: RenderedInstance, logs: Path | None) -> Member:
-        base = f"http://{self.options.layout.local_host}:{rendered.port}"
-        return Member(self._spec(rendered, logs), probe_url=f"{base}/health", route_url=base, port=rendered.port)
-
-    def _spec(self, rendered: RenderedInstance, logs: Path | None) -> ProcessSpec:
-        """How an instance's process starts: its argv, its environment, its log, the Hub token's file."""
-        return ProcessSpec(rendered.name, rendered.argv, self._env(rendered), log_file=_log(logs, rendered.name),
-                           env_files=(self.options.layout.hf_token_env,))
-
-    def _env(self, rendered: RenderedInstance) -> dict[str, str]:
-        """An instance's environment (and the self-check's): offline once the plan's repositories are cached."""
-        return {**rendered.env, **(OFFLINE_ENV if self.models_cached else {})}
+        return Supervisor(launcher=self.parts.make_launcher(decision),
+                          routing=RouterClient(self.options.layout.router_url), probe=http_probe,
+                          settings=self.options.supervisor, instances=[engine])
 
     def _reload_proxy(self) -> None:
         proxy = self.supervisor.others[0] if self.supervisor and self.supervisor.others else None
@@ -603,19 +488,18 @@ class Agent:
                                         lambda p: setattr(self.state, "download", p.as_dict()))
             if why:
                 return self._rolled("refused", why, "check the network and the disk, then `kiln reload`")
-        self._make_local_model(decision)
-        self._write_hf_token(resolved.choice.hf_token)
-        members = [self._instance(r, self._logs) for r in decision.rendered]
-        self._write_runtime([*sup.others, *([sup.router] if sup.router else []), *members])
-        if isinstance(self._launcher, SystemdUnits):
-            self._launcher.set_dropins(self._dropins(decision))
+        self.parts.make_local_model(decision)
+        self.parts.write_hf_token(resolved.choice.hf_token)
+        members = [self.parts.instance(r) for r in decision.rendered]
+        self.parts.write_runtime([*sup.others, *([sup.router] if sup.router else []), *members])
+        self.parts.use_dropins(decision)
         if len(sup.instances) < 2:
             last = [t.get("ready_s") for t in (self.state.startup.get("instances") or {}).values()]
             took = max((t for t in last if t is not None), default=None)
             log.warning("rolling change: the only instance restarts; nothing is served until it is back%s",
                         f" (about {took:.0f} s: its last start took that long)" if took else "")
         log.info("rolling change to %s: %d instance(s) replaced one at a time", decision.plan.profile, len(members))
-        why = sup.roll(members, self._drain, self.options.supervisor.start_timeout_s)
+        why = sup.roll(members, lambda member: drain(member, self.stopping), self.options.supervisor.start_timeout_s)
         if why:
             return self._rolled("stopped", why, "see `kiln status`; the instances not yet replaced keep serving")
         self.decision = decision
@@ -635,25 +519,6 @@ class Agent:
             log.error("rolling change: %s: %s (fix: %s)", state, what, fix)
             self.state.fail(f"rolling change {state}: {what}", fix)
 
-    def _drain(self, member: Member, timeout_s: float = DRAIN_S) -> None:
-        """Wait until an instance out of routing has had no request running or waiting for DRAIN_SETTLE_S, or the
-        bound passes. Metrics that do not come (a server busy streaming may answer late) say nothing: only its exit
-        ends the wait early."""
-        deadline = time.monotonic() + timeout_s
-        idle_since: float | None = None
-        while time.monotonic() < deadline and not self.stopping.is_set():
-            if not member.route_url or member.running is None or member.running.exit_code() is not None:
-                return
-            text = fetch_text(f"{member.route_url}/metrics", timeout_s=5)
-            if prom.requests_in_flight(text) == 0:  # None (no answer, or one that does not parse) is not idle
-                idle_since = time.monotonic() if idle_since is None else idle_since
-                if time.monotonic() - idle_since >= DRAIN_SETTLE_S:
-                    return
-            else:
-                idle_since = None
-            time.sleep(0.5)
-        log.warning("%s: still busy after %.0f s of draining; stopping it", member.name, timeout_s)
-
     def _write_motd_text(self, text: str) -> None:
         path = self.options.motd_file
         if path is None:
@@ -666,70 +531,28 @@ class Agent:
     # -- the self-check ----------------------------------------------------------------------------------------
     def _start_self_check(self) -> None:
         """Once, when every instance first serves."""
-        sup, settings = self.supervisor, self.options.self_check
-        if (self._self_check or not sup or not settings or self.endpoint is None
+        sup, settings, decision = self.supervisor, self.options.self_check, self.decision
+        if (self._self_check or not sup or not settings or self.endpoint is None or decision is None
                 or len(sup.ready_instances()) < len(sup.instances)):
             return
         self.state.self_check = {"state": "running"}
-        workload = self.decision.choice.choice.workload if self.decision else None
+        workload = decision.choice.choice.workload
         settings = settings.shaped(resolve_workload(workload) if workload else None)
-        self._self_check = threading.Thread(target=self._run_self_check, args=(settings,), name="kiln-self-check",
-                                            daemon=True)
+        self._self_check = threading.Thread(target=self._run_self_check, args=(decision, settings),
+                                            name="kiln-self-check", daemon=True)
         self._self_check.start()
 
-    def _run_self_check(self, settings: SelfCheckSettings) -> None:
-        decision = self.decision
-        assert decision is not None and decision.plan is not None and self.state.plan is not None
-        first = decision.rendered[0]
-        target = Target(self.options.layout.router_url, decision.plan.engine.served_model_names[0],
-                        first.argv[first.argv.index("--model") + 1])
-        client = VllmBench(vllm_python(self.options.vllm_command), self.options.layout.state_dir / "self-check.log")
-        try:
-            raw = client.run(target, settings.spec().workload(settings.concurrency), self._env(first))
-            assert decision.machine is not None and decision.profile is not None
-            expected = forecast(decision.plan, settings.workload(),
-                                kiln_steps(decision.plan, decision.machine, decision.profile, self.kiln.constants),
-                                self.kiln.constants)
-            result = self_check_result(raw, expected, decision.plan.engine.device, settings)
-        except (KilnError, OSError) as exc:
-            result = {"state": "failed", "degraded": False, "verdict": f"the self-check could not run: {exc}"}
+    def _run_self_check(self, decision: Decision, settings: SelfCheckSettings) -> None:
+        layout = self.options.layout
+        result = run_self_check(decision, settings, self.kiln.constants, layout.router_url,
+                                vllm_python(self.options.vllm_command), layout.state_dir / "self-check.log",
+                                self.parts.env(decision.rendered[0]))
         self.state.self_check = result
         log.log(logging.WARNING if result.get("degraded") else logging.INFO, "self-check: %s", result["verdict"])
 
     # -- reports -----------------------------------------------------------------------------------------------
-    def _instance_metrics(self) -> dict[str, str]:
-        if not self.supervisor:
-            return {}
-        return {m.name: fetch_text(f"{m.route_url}/metrics") for m in self.supervisor.ready_instances() if m.route_url}
-
-    def _read_startups(self) -> None:
-        """Each instance's start-up phases from its log, until its current run is ready."""
-        if not self.supervisor:
-            return
-        for member in self.supervisor.instances:
-            running = member.running
-            seen = self._timelines.get(member.name)
-            if running is None or (seen and seen[0] is running and seen[1]):
-                continue
-            timeline = parse_startup(running.log_lines())
-            self._timelines[member.name] = (running, timeline.ready_s is not None)
-            self.state.startup.setdefault("instances", {})[member.name] = timeline.as_dict()
-            if timeline.ready_s is not None:
-                log.info("%s ready %.1f s after vLLM started: %s", member.name, timeline.ready_s,
-                         ", ".join(f"{p.name} {p.seconds:.1f} s" for p in timeline.phases))
-
-    def _meter(self) -> None:
-        self._read_startups()
-        texts = self._instance_metrics()
-        self.state.meter.observe(time.monotonic(), {n: prom.generation_tokens(t) for n, t in texts.items() if t})
-
     def metrics(self) -> bytes:
-        status = self.state.status(with_telemetry=False)
-        layout = self.options.layout
-        families = prom.kiln_families(status, self.state.telemetry())
-        families += prom.parse(fetch_text(f"http://{layout.local_host}:{layout.router_metrics_port}/metrics"))
-        families += prom.merge_labelled(self._instance_metrics(), "kiln_instance")
-        return prom.exposition(families)
+        return self.reports.metrics()
 
 
 def configure_logging(verbose: bool = False) -> None:
