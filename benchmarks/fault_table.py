@@ -66,6 +66,7 @@ class Load:
     def _client(self) -> None:
         session = requests.Session()
         session.verify = self.running.certificate or True
+        session.trust_env = False  # REQUESTS_CA_BUNDLE, where set, would override the pinned certificate
         while not self.stop.is_set():
             with self.lock:
                 self.in_flight += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -125,6 +126,10 @@ DOCTOR_HEALTHY = {"verdict": "healthy", "summary": "every check passed",
                   "checks": [{"check": "gpus", "status": "skip", "detail": "no NVIDIA GPU"}]}
 
 
+UNITS = {"kiln-vllm@vllm-0.service": "2211 0", "kiln-router.service": "2105 0", "kiln-proxy.service": "2101 0"}
+AGENT_KILLED = smoke.AgentKill((1804, 2950), UNITS, UNITS, endpoint_answered=41, endpoint_missed=0, back_s=38.2)
+
+
 def _observed(**overrides: object) -> smoke.Observed:
     seen = smoke.Observed(
         cloud_init_result={"v1": {"datasource": "DataSourceNoCloud", "errors": []}},
@@ -135,7 +140,8 @@ def _observed(**overrides: object) -> smoke.Observed:
                       "doctor": DOCTOR_HEALTHY, "tls": {"mode": "self-signed", "sha256": "AB:CD"}},
         listeners=smoke.parse_ss(SS), public_unauthorized=401, health_from_outside="no answer (ReadTimeout)",
         served_sha256="AB:CD", http_redirect="301 https://10.0.2.15/v1/models", nmap_open=[22, 80, 443],
-        agent_dir_writable=False, instance_units={"kiln-vllm@vllm-0.service": "active 0"})
+        agent_dir_writable=False, instance_units={"kiln-vllm@vllm-0.service": "active 0"},
+        agent_kill=AGENT_KILLED)
     for key, value in overrides.items():
         setattr(seen, key, value)
     return seen
@@ -144,7 +150,7 @@ def _observed(**overrides: object) -> smoke.Observed:
 def test_a_healthy_boot_passes_every_check() -> None:
     checks = smoke.judge(_observed(), "tiny-cpu")
     assert [c.name for c in checks if not c.ok] == []
-    assert len(checks) == 13
+    assert len(checks) == 14
 
 
 def test_each_failure_is_reported_by_its_check() -> None:
@@ -178,6 +184,15 @@ def test_each_failure_is_reported_by_its_check() -> None:
     for crashed in ("failed 5", "activating 2"):
         assert failed(_observed(instance_units={"kiln-vllm@vllm-0.service": crashed})) == [
             "the vLLM instances run as their systemd units"]
+    kill = "kill -9 of the agent: systemd restarts it, the units it started keep running and the endpoint answers " \
+           "throughout"
+    restarted_instance = {**UNITS, "kiln-vllm@vllm-0.service": "3310 0"}
+    for broken in (dataclasses.replace(AGENT_KILLED, agent_pids=(1804, 0)),  # systemd did not restart it
+                   dataclasses.replace(AGENT_KILLED, back_s=None),  # it restarted but never planned again
+                   dataclasses.replace(AGENT_KILLED, units_after=restarted_instance),  # it restarted an instance
+                   dataclasses.replace(AGENT_KILLED, endpoint_missed=3)):  # the endpoint went away meanwhile
+        assert failed(_observed(agent_kill=broken)) == [kill]
+    assert "2211 0" in smoke.judge_agent_kill(AGENT_KILLED).detail
     report = smoke.report_dict(smoke.judge(_observed(), "tiny-cpu"), _observed())
     assert report["ok"] is True and report["phase"] == "starting"
 

@@ -158,6 +158,32 @@ class Check:
     detail: str
 
 
+@dataclass(frozen=True)
+class AgentKill:
+    """kill -9 of the agent on the booted machine: systemd restarts it; the units it started run on."""
+    agent_pids: tuple[int, int]  # the agent's main PID before and after
+    units_before: dict[str, str]  # kiln-vllm@NAME, kiln-router, kiln-proxy -> "MainPID NRestarts"
+    units_after: dict[str, str]
+    endpoint_answered: int  # the public endpoint's answers while the agent was away and back
+    endpoint_missed: int
+    back_s: float | None  # until the new agent reported its plan; None: not within the wait
+
+
+def judge_agent_kill(kill: AgentKill) -> Check:
+    restarted = kill.agent_pids[1] not in (0, kill.agent_pids[0])
+    kept = bool(kill.units_before) and kill.units_after == kill.units_before
+    ok = restarted and kept and kill.back_s is not None and kill.endpoint_missed == 0
+    return Check("kill -9 of the agent: systemd restarts it, the units it started keep running and the endpoint "
+                 "answers throughout", ok,
+                 f"agent PID {kill.agent_pids[0]} -> {kill.agent_pids[1]}, back with its plan in "
+                 + (f"{kill.back_s:.0f} s" if kill.back_s is not None else "never")
+                 + f"; the endpoint answered {kill.endpoint_answered} of "
+                 f"{kill.endpoint_answered + kill.endpoint_missed} times; units before "
+                 + ", ".join(f"{u} {s}" for u, s in kill.units_before.items())
+                 + ("; the same after" if kept else "; after " + ", ".join(f"{u} {s}" for u, s in
+                                                                         kill.units_after.items())))
+
+
 @dataclass
 class Observed:
     """What the smoke test collected from the booted machine."""
@@ -175,6 +201,7 @@ class Observed:
     agent_dir_writable: bool | None = None  # whether the kiln user can write the agent's own folder
     instance_units: dict[str, str] = field(default_factory=dict)  # kiln-vllm@NAME -> "ActiveState NRestarts"
     marketplace_report: str | None = None  # DigitalOcean's 99-img-check.sh run on the booted machine
+    agent_kill: AgentKill | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -231,6 +258,8 @@ def judge(seen: Observed, profile: str, expect_baked: bool = False) -> list[Chec
                             seen.nmap_open == expected, f"open: {seen.nmap_open}; {seen.nmap_summary}"))
     checks.append(Check("the health endpoint is not reachable from outside", seen.health_from_outside != "answered",
                         seen.health_from_outside))
+    if seen.agent_kill is not None:
+        checks.append(judge_agent_kill(seen.agent_kill))
     if seen.marketplace_report is not None:
         checks.append(marketplace_check(seen.marketplace_report))
     if expect_baked:

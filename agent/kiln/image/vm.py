@@ -25,11 +25,14 @@ from kiln.image import smoke
 from kiln.image.progress import Progress
 from kiln.image.system import BuildError
 from kiln.image.tools import find_repo
+from kiln.serve.systemd_units import SERVICE_UNITS
 from kiln.serve.tls import inspect
 
 TOOLS = ("qemu-system-x86_64", "qemu-img", "genisoimage", "ssh", "ssh-keygen")
-STEPS = 5
+STEPS = 6
 KILN = "/opt/kiln/venv/bin/kiln"
+AGENT_UNIT = "kiln-agent.service"
+AGENT_BACK_S = 300.0  # the restarted agent's Python start under TCG is the slow part
 # with --keep
 KEPT = ("console.log", "user-data", "cloud-init.log", "cloud-init-result.json", "agent.journal", "nmap.txt")
 
@@ -141,6 +144,8 @@ class SmokeTest:
                 # e.g. "active 0": running, never restarted
                 seen.instance_units[unit] = f"{props.get('ActiveState', '?')} {props.get('NRestarts', '?')}"
             seen.health_from_outside = _reach(f"http://127.0.0.1:{forwards.health}/health")
+            progress.step("kill -9 of the agent")
+            seen.agent_kill = _kill_agent(guest, public, [*seen.instance_units, *SERVICE_UNITS.values()], deadline)
             script = _marketplace_check()
             if script is not None:
                 progress.line("==> DigitalOcean's Marketplace check on the booted machine")
@@ -200,6 +205,41 @@ def _wait(progress: Progress, what: str, deadline: float, qemu: subprocess.Popen
             shown = time.monotonic()
         time.sleep(5)
     raise BuildError(f"timed out waiting for {what}; console:\n{_tail(console)}")
+
+
+def _unit_props(guest: Guest, unit: str) -> dict[str, str]:
+    shown = guest.ssh(f"systemctl show {unit} -p MainPID -p NRestarts -p ActiveState").stdout
+    return dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+
+
+def _kill_agent(guest: Guest, public: str, units: list[str], deadline: float,
+                wait_s: float = AGENT_BACK_S) -> smoke.AgentKill:
+    """SIGKILL to kiln-agent; the public endpoint is asked throughout until the restarted agent reports its plan."""
+    def units_now() -> dict[str, str]:
+        return {u: f"{p.get('MainPID', '?')} {p.get('NRestarts', '?')}"
+                for u in units for p in [_unit_props(guest, u)]}
+
+    before = int(_unit_props(guest, AGENT_UNIT).get("MainPID") or 0)
+    units_before = units_now()
+    guest.ssh(f"sudo systemctl kill --signal=SIGKILL {AGENT_UNIT}")
+    killed = time.monotonic()
+    answered = missed = 0
+    back_s: float | None = None
+    end = min(deadline, killed + wait_s)
+    while time.monotonic() < end:
+        if _http_status(public) is None:
+            missed += 1
+        else:
+            answered += 1
+        now = int(_unit_props(guest, AGENT_UNIT).get("MainPID") or 0)
+        if now not in (0, before):
+            status = _json(guest.ssh(f"sudo {KILN} status --json", timeout=60).stdout) or {}
+            if status.get("plan"):
+                back_s = time.monotonic() - killed
+                break
+        time.sleep(1)
+    after = int(_unit_props(guest, AGENT_UNIT).get("MainPID") or 0)
+    return smoke.AgentKill((before, after), units_before, units_now(), answered, missed, back_s)
 
 
 def _marketplace_check() -> str | None:
