@@ -40,7 +40,7 @@ def table(kiln: Kiln) -> list[str]:
             if not isinstance(plan, Plan) or plan.cold_start is None:
                 continue
             baked, download = plan.cold_start.baked, plan.cold_start.download
-            shape = f"{len(plan.instances)} x TP{plan.tensor_parallel_size} {plan.quantization}"
+            shape = f"{plan.layout()} {plan.quantization}"
             rows.append(f"| {name} | {droplet} | {shape} | {baked.total_s:.0f} | {download.total_s:.0f} | "
                         f"{baked.goal_s:.0f} |")
     return rows

@@ -44,6 +44,9 @@ KILN = str(Path(sys.executable).parent / "kiln")
 RECOVERY_TIMEOUT_S = 240.0
 SEEN_WITHIN_S = 3.0  # how long a fault may take to show on /status or in a failed request
 PAUSE_AFTER_FAILURE_S = 1.0  # a client whose request failed waits this long before the next
+# ... and one whose request succeeded this long: the clients share the stack's two cores, and back to back they
+# starved a restarting instance (its Python imports alone took 5 minutes instead of 10 s).
+THINK_S = 0.5
 
 
 @dataclass
@@ -105,6 +108,7 @@ class Load:
                 self.done += 1
             else:
                 self.failed_after += 1
+        time.sleep(THINK_S)
 
     @contextlib.contextmanager
     def running_clients(self) -> Iterator[Load]:
@@ -380,7 +384,8 @@ def main() -> None:
             kept = Path(tempfile.gettempdir()) / "kiln-fault-table-agent.log"
             kept.write_bytes((state / "kiln-up.log").read_bytes())
         subprocess.run(["umount", "-l", str(state)], check=False)
-    print(f"\n{STREAMS} streaming clients throughout, each waiting {PAUSE_AFTER_FAILURE_S:g} s after a failed request; "
+    print(f"\n{STREAMS} streaming clients throughout, each waiting {THINK_S:g} s after a request and "
+          f"{PAUSE_AFTER_FAILURE_S:g} s after a failed one; "
           "'back' = seconds from the fault until a request succeeds with every instance ready and routed\n")
     print("| fault | in flight | failed before headers | failed after headers | back (s) | /status said | note |")
     print("|---|---|---|---|---|---|---|")

@@ -260,9 +260,9 @@ def test_deepseek_v4_compressed_cache_and_fp4_experts() -> None:
 
 
 def test_gemma_3_reads_its_sliding_layers_and_transformers_defaults(tmp_path: Path) -> None:
-    """No citable copy of google/gemma-3-27b-it's config.json was found; this is its text model as NVIDIA's
-    TensorRT-LLM tests quote it (tests/unittest/_torch/modeling/test_modeling_gemma3.py, GEMMA3_27B_TEXT), which
-    leaves vocab_size, max_position_embeddings and the 1-in-6 pattern to transformers' Gemma3TextConfig defaults."""
+    """gemma-3-27b-it's text model (profiles/configs/google--gemma-3-27b-it.config.json, whose sources its profile
+    names), as a text-only checkpoint writes it: vocab_size, max_position_embeddings and the 1-in-6 pattern are left
+    to transformers' Gemma3TextConfig defaults."""
     (tmp_path / "config.json").write_text(json.dumps({
         "architectures": ["Gemma3ForCausalLM"], "head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
         "model_type": "gemma3_text", "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,

@@ -94,7 +94,7 @@ def plan_text(plan: Plan, rendered: list[RenderedInstance]) -> str:
     head = [
         f"Plan      {plan.profile} on {plan.machine} for {plan.objective}",
         f"Model     {e.model}" + (f" @ {e.revision}" if e.revision != "main" else ""),
-        f"Serving   {len(plan.instances)} instance(s) x TP{e.tensor_parallel_size}, {plan.quantization} weights, "
+        f"Serving   {plan.layout()}, {plan.quantization} weights, "
         f"KV cache {plan.kv_cache_dtype}, context {e.max_model_len:,}",
     ]
     rows = [[r.name, ",".join(map(str, r.gpus)) or "cpu", r.port,

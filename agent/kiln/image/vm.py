@@ -11,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -214,32 +215,39 @@ def _unit_props(guest: Guest, unit: str) -> dict[str, str]:
 
 def _kill_agent(guest: Guest, public: str, units: list[str], deadline: float,
                 wait_s: float = AGENT_BACK_S) -> smoke.AgentKill:
-    """SIGKILL to kiln-agent; the public endpoint is asked throughout until the restarted agent reports its plan."""
+    """SIGKILL to kiln-agent; the public endpoint is asked every second until the restarted agent reports its plan."""
     def units_now() -> dict[str, str]:
         return {u: f"{p.get('MainPID', '?')} {p.get('NRestarts', '?')}"
                 for u in units for p in [_unit_props(guest, u)]}
 
     before = int(_unit_props(guest, AGENT_UNIT).get("MainPID") or 0)
     units_before = units_now()
+    answers: list[bool] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        while not done.wait(1.0):
+            answers.append(_http_status(public) is not None)
+
+    asking = threading.Thread(target=ask, daemon=True)
     guest.ssh(f"sudo systemctl kill --signal=SIGKILL {AGENT_UNIT}")
     killed = time.monotonic()
-    answered = missed = 0
+    asking.start()
     back_s: float | None = None
-    end = min(deadline, killed + wait_s)
-    while time.monotonic() < end:
-        if _http_status(public) is None:
-            missed += 1
-        else:
-            answered += 1
-        now = int(_unit_props(guest, AGENT_UNIT).get("MainPID") or 0)
-        if now not in (0, before):
-            status = _json(guest.ssh(f"sudo {KILN} status --json", timeout=60).stdout) or {}
-            if status.get("plan"):
+    try:
+        while time.monotonic() < min(deadline, killed + wait_s):
+            now = int(_unit_props(guest, AGENT_UNIT).get("MainPID") or 0)
+            if now not in (0, before) and (_json(guest.ssh(f"sudo {KILN} status --json", timeout=60).stdout)
+                                           or {}).get("plan"):
                 back_s = time.monotonic() - killed
                 break
-        time.sleep(1)
+            time.sleep(2)
+    finally:
+        done.set()
+        asking.join(timeout=30)
     after = int(_unit_props(guest, AGENT_UNIT).get("MainPID") or 0)
-    return smoke.AgentKill((before, after), units_before, units_now(), answered, missed, back_s)
+    return smoke.AgentKill((before, after), units_before, units_now(), answers.count(True), answers.count(False),
+                           back_s)
 
 
 def _marketplace_check() -> str | None:

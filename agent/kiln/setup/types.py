@@ -131,6 +131,14 @@ class Plan:
     def tensor_parallel_size(self) -> int:
         return self.engine.tensor_parallel_size
 
+    def layout(self) -> str:
+        """How the GPUs are split, for people: "4 x TP2", "1 x TP1 x DP8 + EP", "1 x TP8 x PP2"."""
+        e = self.engine
+        split = [f"TP{e.tensor_parallel_size}"] + [f"{name}{n}" for name, n in
+                                                   (("PP", e.pipeline_parallel_size), ("DP", e.data_parallel_size))
+                                                   if n > 1]
+        return f"{len(self.instances)} x {' x '.join(split)}" + (" + EP" if e.enable_expert_parallel else "")
+
     def as_dict(self) -> dict[str, Any]:
         """The plan's own fields for --json and /status; the rendered instances are the renderer's to add."""
         return {
