@@ -52,7 +52,7 @@ def planned(kiln: Kiln, machine: str, profile: Profile) -> str:
     result = make_plan(kiln.machine(machine), profile, Choice(), kiln.constants,
                        sorted(kiln.fixtures(), key=lambda m: sum(g.memory_bytes for g in m.gpus)))
     if isinstance(result, Plan):
-        return (f"{len(result.instances)}x TP{result.tensor_parallel_size} {result.quantization}, "
+        return (f"{result.layout()} {result.quantization}, "
                 f"ctx {result.engine.max_model_len:,}, {result.predicted.kv_cache_tokens_per_instance:,} KV tokens")
     hint = f" ({result.suggestions[0]})" if result.suggestions else ""
     return f"refused: {result.reason}{hint}"

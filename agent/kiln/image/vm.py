@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import socket
-import ssl
 import subprocess
 import tempfile
 import threading
@@ -26,8 +25,8 @@ from kiln.image import smoke
 from kiln.image.progress import Progress
 from kiln.image.system import BuildError
 from kiln.image.tools import find_repo
+from kiln.serve.probes import served_certificate_sha256
 from kiln.serve.systemd_units import SERVICE_UNITS
-from kiln.serve.tls import inspect
 
 TOOLS = ("qemu-system-x86_64", "qemu-img", "genisoimage", "ssh", "ssh-keygen")
 STEPS = 6
@@ -127,7 +126,7 @@ class SmokeTest:
             public = f"https://127.0.0.1:{forwards.public}/v1/models"
             _wait(progress, "the public endpoint", deadline, qemu, console, lambda: _http_status(public) is not None)
             seen.public_unauthorized = _http_status(public)
-            seen.served_sha256 = _served_certificate(forwards.public)
+            seen.served_sha256 = served_certificate_sha256("127.0.0.1", forwards.public, timeout_s=15)
             seen.http_redirect = _redirect(f"http://127.0.0.1:{forwards.http}/v1/models")
             if scan is not None:
                 progress.line(f"==> nmap: every TCP port of {scan.guest}, through the guest's firewall")
@@ -140,8 +139,7 @@ class SmokeTest:
             seen.agent_dir_writable = guest.ssh(as_instances).returncode == 0
             for instance in ((seen.agent_status or {}).get("plan") or {}).get("instances", []):
                 unit = f"kiln-vllm@{instance['name']}.service"
-                shown = guest.ssh(f"systemctl show {unit} -p ActiveState -p NRestarts").stdout
-                props = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+                props = _unit_props(guest, unit)
                 # e.g. "active 0": running, never restarted
                 seen.instance_units[unit] = f"{props.get('ActiveState', '?')} {props.get('NRestarts', '?')}"
             seen.health_from_outside = _reach(f"http://127.0.0.1:{forwards.health}/health")
@@ -281,13 +279,6 @@ def _http_status(url: str) -> int | None:
     try:
         return requests.get(url, timeout=15, verify=False).status_code
     except requests.RequestException:
-        return None
-
-
-def _served_certificate(port: int) -> str | None:
-    try:
-        return inspect(ssl.get_server_certificate(("127.0.0.1", port), timeout=15)).sha256
-    except (OSError, ValueError):
         return None
 
 
