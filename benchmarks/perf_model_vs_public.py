@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 CASES = REPO / "tests" / "data" / "perf_cases.yaml"
 MODELS = REPO / "tests" / "data" / "perf_models"
 WITHIN = 0.25
+SAME_SHAPE = 0.05  # mean input and output lengths this close are one request shape
 GIB = 2**30
 
 
@@ -192,6 +193,50 @@ def evaluate(kiln: Kiln, case: dict[str, Any]) -> Row:
     return row
 
 
+@dataclass(frozen=True)
+class SplitGroup:
+    """Cases that measure one model on one GPU under one load at several tensor-parallel splits."""
+
+    key: str
+    measured: dict[int, float]  # TP -> output per GPU (the mean where a split was measured more than once)
+    predicted: dict[int, float]
+
+    @property
+    def best_measured(self) -> int:
+        return max(self.measured, key=self.measured.__getitem__)
+
+    @property
+    def best_predicted(self) -> int:
+        return max(self.predicted, key=self.predicted.__getitem__)
+
+
+def split_groups(cases: list[dict[str, Any]], rows: list[Row]) -> list[SplitGroup]:
+    """The corpus's comparisons of splits, with the split that serves the most per GPU, measured and predicted: the
+    choice the planner makes at every boot. Runs whose mean lengths are within SAME_SHAPE of each other are one
+    shape: ShareGPT's lengths vary with what each run sampled, and a run's mean output with where requests stopped."""
+    found: list[tuple[tuple[Any, ...], tuple[int, int], str, dict[int, list[tuple[float, float]]]]] = []
+    for case, row in zip(cases, rows, strict=True):
+        if row.kiln is None or not row.measured:
+            continue
+        w = case["workload"]
+        setting = (case["model"], case["gpu"], case["precision"], case.get("source_group"), w.get("dataset"),
+                   w.get("concurrency") or w.get("request_rate"))
+        shape = (int(w["input_len"]), int(w["output_len"]))
+        group = next((g for g in found if g[0] == setting and all(
+            abs(a / b - 1) <= SAME_SHAPE for a, b in zip(shape, g[1], strict=True))), None)
+        if group is None:
+            name = f"{case['model']} on {case['gpu']} {case['precision']}, {shape[0]}/{shape[1]} at {setting[-1]} " \
+                   f"({case.get('source_group')})"
+            group = (setting, shape, name, {})
+            found.append(group)
+        tp = int(case.get("tp") or 1)
+        gpus = tp * int(case.get("instances") or 1) * int(case.get("dp") or 1)
+        group[3].setdefault(tp, []).append((row.measured / gpus, row.kiln / gpus))
+    return [SplitGroup(name, {tp: statistics.mean(m for m, _ in v) for tp, v in sorted(by_tp.items())},
+                       {tp: statistics.mean(p for _, p in v) for tp, v in sorted(by_tp.items())})
+            for _, _, name, by_tp in found if len(by_tp) > 1]
+
+
 def summary(rows: list[Row], engine: str) -> dict[str, Any]:
     errors = [e for e in (r.error(engine) for r in rows) if e is not None]
     return _stats(engine, errors)
@@ -231,8 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     covered = [r for r in rows if r.aic is not None]
     both = [summary(covered, e) for e in ("kiln", "aic")]
     timings = planner_timings(kiln)
+    splits = split_groups([{**c, "workload": lengths(c)} for c in cases], rows)
     if args.json:
         print(json.dumps({"rows": [r.__dict__ for r in rows], "summary": engines, "where_aic_covers": both,
+                          "best_split": [{"group": g.key, "measured": g.measured, "predicted": g.predicted,
+                                          "measured_best_tp": g.best_measured, "predicted_best_tp": g.best_predicted}
+                                         for g in splits],
                           "planner_s": timings}, indent=2))
         return 0
     header = f"{'case':9} {'gpu':6} {'model':24} {'setup':22} {'workload':26} {'measured':>13}  " \
@@ -258,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
         print("on the cases AIConfigurator covers: " + "; ".join(
             f"{s['engine']} {s['within_25']:.0%} within ±25%, median |error| {s['median_abs_error']:.0%}"
             for s in both if s["cases"]))
+    right = sum(g.best_measured == g.best_predicted for g in splits)
+    print(f"\nthe best split per GPU, measured and predicted: {right} of {len(splits)} groups agree")
+    for g in splits:
+        per_gpu = ", ".join(f"TP{tp} {g.measured[tp]:,.0f} / {g.predicted[tp]:,.0f}" for tp in g.measured)
+        print(f"  {'same' if g.best_measured == g.best_predicted else 'DIFFERS'}: {g.key}: per GPU measured / "
+              f"predicted {per_gpu}")
     print()
     for what, seconds in timings.items():
         print(f"planner search, {what}: {seconds:.2f} s")

@@ -2,8 +2,8 @@
 # kiln's tests, in two tiers (docs/testing.md):
 #   bash ci/test.sh --fast   ruff, mypy and the unit tests: a couple of minutes, nothing started but kiln itself
 #   bash ci/test.sh          every tier, CI's command (.ci/run): ruff, mypy, the integration tests (real vLLM on
-#                            the CPU, nginx, Pebble, QEMU, network namespaces) and sweeps one at a time, then the
-#                            unit tests on both cores
+#                            the CPU, nginx, Pebble, QEMU, network namespaces) one at a time, then the sweeps and
+#                            the unit tests on both cores
 # Extra arguments go to pytest, e.g. `bash ci/test.sh --fast -k planner`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +29,10 @@ if [ "$tier" = fast ]; then
 elif [ "$#" -gt 0 ]; then
   "$PY" -m pytest -v --durations=25 "$@"
 else
-  echo "==> the integration tests and sweeps, one at a time (the 25 slowest are listed at the end)"
-  "$PY" -m pytest -v -m integration --durations=25
-  echo "==> the unit tests, on both cores"
-  "$PY" -m pytest -q -m "not integration" -n "${KILN_TEST_WORKERS:-auto}" --dist loadgroup --durations=10
+  echo "==> the integration tests, one at a time (the 25 slowest are listed at the end)"
+  "$PY" -m pytest -v tests/integration --durations=25
+  # The sweeps are pure computation (every profile on every machine, the public cases), so they share the cores.
+  echo "==> the sweeps and the unit tests, on both cores"
+  "$PY" -m pytest -q --ignore=tests/integration -n "${KILN_TEST_WORKERS:-auto}" --dist loadgroup --durations=10
 fi
 echo "==> $tier tier: $(( $(date +%s) - started )) s"

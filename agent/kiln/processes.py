@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,11 +26,13 @@ class ProcessSpec:
     # KEY=VALUE files read when the process starts, for secrets (a missing file adds nothing). Under systemd the
     # unit's EnvironmentFile= does this instead.
     env_files: tuple[Path, ...] = ()
+    # The CPUs the process and its children run on (none: any). Under systemd the unit's CPUAffinity= does this.
+    cpus: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return {"name": self.name, "argv": list(self.argv), "env": dict(self.env),
                 "log_file": str(self.log_file) if self.log_file else None,
-                "env_files": [str(p) for p in self.env_files]}
+                "env_files": [str(p) for p in self.env_files], "cpus": list(self.cpus)}
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -50,6 +52,20 @@ def die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
+
+
+def child_setup(cpus: tuple[int, ...]) -> Callable[[], None]:
+    """What a child does between fork and exec: die with the agent, and keep to its CPUs, so that the processes it
+    starts (vLLM's engine core and workers) inherit them and an instance's start-up does not queue behind another
+    instance's pinned threads."""
+
+    def setup() -> None:
+        die_with_parent()
+        if cpus:
+            with contextlib.suppress(OSError):  # CPUs outside this machine's set: run anywhere
+                os.sched_setaffinity(0, cpus)
+
+    return setup
 
 
 class Running:
@@ -120,7 +136,8 @@ class LocalProcesses:
         try:
             popen = subprocess.Popen(
                 list(spec.argv), env={**os.environ, **spec.env, **secrets}, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)  # noqa: PLW1509 - prctl alone, no lock taken
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=child_setup(spec.cpus))  # noqa: PLW1509 - two system calls, no lock taken
         finally:
             if isinstance(log, int) and log >= 0:
                 os.close(log)

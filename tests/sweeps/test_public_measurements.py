@@ -7,11 +7,12 @@ test_capacity_vs_logs.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from benchmarks.kv_capacity_vs_logs import summarize
 from benchmarks.perf_fit import combos, out_of_sample
-from benchmarks.perf_model_vs_public import CASES, evaluate, lengths, load_cases, summary
+from benchmarks.perf_model_vs_public import CASES, Row, evaluate, lengths, load_cases, split_groups, summary
 from tests.unit.test_capacity_vs_logs import HELD_OUT_SHARE
 from tests.unit.test_perf_corpus import MAX_MEDIAN_ERROR, MIN_CASES, MIN_WITHIN_25
 
@@ -19,8 +20,18 @@ from kiln.setup.types import Constants
 from kiln.wiring import Kiln
 
 
-def test_kilns_engine_holds_its_accuracy_on_the_public_cases(kiln: Kiln, capsys: pytest.CaptureFixture[str]) -> None:
-    rows = [evaluate(kiln, case) for case in load_cases(CASES)]
+@pytest.fixture(scope="module")
+def cases() -> list[dict[str, Any]]:
+    return [{**c, "workload": lengths(c)} for c in load_cases(CASES)]
+
+
+@pytest.fixture(scope="module")
+def rows(kiln: Kiln, cases: list[dict[str, Any]]) -> list[Row]:
+    return [evaluate(kiln, case) for case in cases]
+
+
+def test_kilns_engine_holds_its_accuracy_on_the_public_cases(rows: list[Row], capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
     ours = summary(rows, "kiln")
     with capsys.disabled():
         print(f"\n  measured: {ours['cases']} public cases: kiln {ours['within_25']:.0%} within ±25%, median "
@@ -28,6 +39,15 @@ def test_kilns_engine_holds_its_accuracy_on_the_public_cases(kiln: Kiln, capsys:
     assert ours["cases"] >= MIN_CASES
     assert ours["within_25"] >= MIN_WITHIN_25
     assert ours["median_abs_error"] <= MAX_MEDIAN_ERROR
+
+
+def test_the_engine_picks_the_measured_best_split_in_every_group_that_compares_splits(
+        cases: list[dict[str, Any]], rows: list[Row]) -> None:
+    """Where a source measured one model on one GPU under one load at several tensor-parallel splits, the split
+    with the most output per GPU is the one the engine predicts most for: the planner's choice at every boot."""
+    groups = split_groups(cases, rows)
+    assert len(groups) >= 8
+    assert [g.key for g in groups if g.best_measured != g.best_predicted] == []
 
 
 # A small grid keeps this quick; `python -m benchmarks.perf_model_vs_public --out-of-sample` runs the whole grid

@@ -7,6 +7,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,21 @@ def test_a_local_process_reads_only_what_its_current_start_logged(tmp_path: Path
     running = LocalProcesses().start(ProcessSpec("vllm-0", ("sh", "-c", "echo this run"), log_file=log))
     running.finish(time.monotonic() + 10)
     assert running.log_lines() == ["this run"]
+
+
+def test_a_local_process_and_its_children_keep_to_the_instances_cpus(tmp_path: Path) -> None:
+    """As a unit's CPUAffinity= does under systemd: the instance's engine processes inherit its CPUs."""
+    last = max(os.sched_getaffinity(0))
+    log = tmp_path / "vllm-1.log"
+    child = "import os; print(sorted(os.sched_getaffinity(0)))"
+    script = f"import os, subprocess, sys; {child}; subprocess.run([sys.executable, '-c', {child!r}])"
+    running = LocalProcesses().start(ProcessSpec("vllm-1", (sys.executable, "-c", script), log_file=log,
+                                                 cpus=(last,)))
+    running.finish(time.monotonic() + 30)
+    assert running.log_lines() == [f"[{last}]", f"[{last}]"]
+    anywhere = LocalProcesses().start(ProcessSpec("vllm-0", (sys.executable, "-c", child), log_file=tmp_path / "a"))
+    anywhere.finish(time.monotonic() + 30)
+    assert anywhere.log_lines() == [str(sorted(os.sched_getaffinity(0)))]
 
 
 def _as_nobody() -> None:

@@ -48,7 +48,8 @@ class Assembly:
     def spec(self, rendered: RenderedInstance) -> ProcessSpec:
         """How an instance's process starts: its argv, its environment, its log, the Hub token's file."""
         return ProcessSpec(rendered.name, rendered.argv, self.env(rendered),
-                           log_file=log_file(self.logs, rendered.name), env_files=(self.layout.hf_token_env,))
+                           log_file=log_file(self.logs, rendered.name), env_files=(self.layout.hf_token_env,),
+                           cpus=rendered.cpus)
 
     def env(self, rendered: RenderedInstance) -> dict[str, str]:
         """An instance's environment (and the self-check's): offline once the plan's repositories are cached."""
