@@ -58,8 +58,8 @@ MIN_LOFO_WITHIN_25 = 0.62  # measured 65% (full grid 54%)
 MAX_LOSO_MEDIAN_ERROR = 0.23  # measured 21% (full grid 24%)
 
 
-def test_kilns_engine_holds_its_accuracy_out_of_sample(kiln: Kiln, capsys: pytest.CaptureFixture[str]) -> None:
-    cases = [{**c, "workload": lengths(c)} for c in load_cases(CASES)]
+def test_kilns_engine_holds_its_accuracy_out_of_sample(kiln: Kiln, cases: list[dict[str, Any]], rows: list[Row],
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     results = out_of_sample(kiln, cases, combos(TEST_GRID))
     with capsys.disabled():
         print("\n  " + "; ".join(f"{name} {within:.0%} within ±25%, median |error| {median:.0%} ({n})"
@@ -70,6 +70,11 @@ def test_kilns_engine_holds_its_accuracy_out_of_sample(kiln: Kiln, capsys: pytes
     assert loso[1] <= MAX_LOSO_MEDIAN_ERROR
     # Out of sample can be no better than the fit on every case.
     assert loso[0] <= results["in-sample"][1][0] + 1e-9 or loso[1] >= results["in-sample"][1][1] - 1e-9
+    # The split the planner would choose, with the constants refitted without the group's source or model family.
+    for name in ("leave-one-source-out", "leave-one-family-out"):
+        held = [replace(r, kiln=None if e is None or not r.measured else r.measured * (1 + e))
+                for r, e in zip(rows, results[name][0], strict=True)]
+        assert [g.key for g in split_groups(cases, held) if g.best_measured != g.best_predicted] == [], name
 
 
 def test_held_out_kv_capacity_is_within_ten_percent_for_most_logs(kiln: Kiln) -> None:
