@@ -4,20 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from benchmarks.public_cases import Row, lengths
 from kiln.perf.aiconfigurator import SYSTEMS, AicEstimate, AicRequest
 from kiln.perf.engines import quantization
 from kiln.wiring import Kiln
-
-if TYPE_CHECKING:
-    from benchmarks.perf_model_vs_public import Row
-
-
-def lengths(case: dict[str, Any]) -> dict[str, Any]:
-    from benchmarks.perf_model_vs_public import lengths as case_lengths  # noqa: PLC0415 - the two import each other
-
-    return case_lengths(case)
 
 
 def request_for(kiln: Kiln, case: dict[str, Any], row: Row) -> AicRequest | None:

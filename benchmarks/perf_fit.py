@@ -16,7 +16,7 @@ import statistics
 import sys
 from typing import Any
 
-from benchmarks.perf_model_vs_public import WITHIN, evaluate, load_cases
+from benchmarks.public_cases import WITHIN, evaluate, load_cases
 from kiln.setup.types import Constants
 from kiln.wiring import Kiln
 

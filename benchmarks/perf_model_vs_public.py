@@ -12,242 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from kiln import datafiles
-from kiln.perf.predict import Forecast, forecast, kiln_steps
-from kiln.perf.setup import Fixed, fixed_plan, machine_of
-from kiln.perf.workload import Workload
-from kiln.profiles.schema import Profile
-from kiln.setup.types import Plan
+from benchmarks.perf_fit import best_point, combos, error_matrix, out_of_sample_from
+from benchmarks.public_cases import case_class, evaluate, lengths, load_cases, split_groups, summary
+from kiln.perf.predict import kiln_steps
 from kiln.wiring import Kiln
-
-REPO = Path(__file__).resolve().parents[1]
-CASES = REPO / "tests" / "data" / "perf_cases.yaml"
-MODELS = REPO / "tests" / "data" / "perf_models"
-WITHIN = 0.25
-SAME_SHAPE = 0.05  # mean input and output lengths this close are one request shape
-GIB = 2**30
-
-
-@dataclass
-class Row:
-    id: str
-    gpu: str
-    model: str
-    setup: str
-    workload: str
-    measured: float | None
-    measured_tpot_ms: float | None
-    source: str
-    metric: str = "output"  # output or total tokens/s
-    kiln: float | None = None
-    kiln_tpot_ms: float | None = None
-    aic: float | None = None
-    problem: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def error(self, engine: str) -> float | None:
-        predicted = getattr(self, engine)
-        if predicted is None or not self.measured:
-            return None
-        return float(predicted / self.measured - 1)
-
-
-def _profile(kiln: Kiln, case: dict[str, Any]) -> Profile | str:
-    key = case["model"]
-    names = kiln.catalog().profiles
-    if key in names:
-        return names[key]
-    path = MODELS / f"{key}.yaml"
-    if not path.is_file():
-        return f"no architecture for {key}"
-    data = yaml.safe_load(path.read_text())
-    arch = data["architecture"]
-    precision = case["precision"]
-    return Profile.model_validate({
-        "name": key, "model": {"hf_id": data.get("hf_id", case["hf_id"])}, "architecture": arch,
-        "checkpoints": {precision: {"hf_id": case["hf_id"]}},
-        "serving": {"max_model_len": arch["max_position_embeddings"]}})
-
-
-def _gpu_memory_gib(gpu: str) -> float:
-    return float(datafiles.read_yaml("gpus.yaml")["gpus"][gpu]["memory_gib"])
-
-
-def vllm_defaults(memory_gib: float, gpu: str) -> tuple[int, int]:
-    """vLLM's `vllm serve` defaults (max_num_seqs, max_num_batched_tokens) for a GPU's memory
-    (vllm/engine/arg_utils.py _set_default_max_num_seqs_and_batched_tokens_args)."""
-    if memory_gib >= 160:
-        return 1024, 16384
-    if memory_gib >= 70 and not gpu.startswith("a100"):
-        return 1024, 8192
-    return 256, 2048
-
-
-def _speculative(case: dict[str, Any]) -> dict[str, object] | None:
-    spec = case.get("speculative")
-    if not spec or not isinstance(spec, dict) or not spec.get("method"):
-        return None
-    return {"method": spec["method"], "num_speculative_tokens": int(spec.get("num_speculative_tokens") or 1)}
-
-
-def setup_of(kiln: Kiln, case: dict[str, Any]) -> tuple[Plan, Profile, Any] | str:
-    profile = _profile(kiln, case)
-    if isinstance(profile, str):
-        return profile
-    spec = kiln.gpus.specs.get(case["gpu"])
-    if spec is None:
-        return f"no GPU class {case['gpu']}"
-    tp = int(case.get("tp") or 1)
-    replicas = int(case.get("instances") or 1) * int(case.get("dp") or 1)
-    memory = _gpu_memory_gib(case["gpu"])
-    seqs, batched = vllm_defaults(memory, case["gpu"])
-    w = case["workload"]
-    fixed = Fixed(precision=case["precision"], tp=tp, instances=replicas,
-                  kv_cache_dtype=case.get("kv_cache_dtype") or "auto",
-                  max_num_seqs=int(case.get("max_num_seqs") or seqs), max_num_batched_tokens=batched,
-                  max_model_len=max(int(w["input_len"]) + int(w["output_len"]), 4096),
-                  speculative=_speculative(case))
-    machine = machine_of(spec, tp * replicas, memory)
-    plan = fixed_plan(machine, profile, fixed, kiln.constants)
-    if isinstance(plan, str):
-        return plan
-    return plan, profile, machine
-
-
-def workload_of(case: dict[str, Any]) -> Workload:
-    w = case["workload"]
-    rate = w.get("request_rate")
-    concurrency = w.get("concurrency")
-    prompts = int(w.get("num_prompts") or concurrency or 1000)
-    if concurrency and (rate in (None, "inf") or (isinstance(rate, float) and math.isinf(rate))):
-        return Workload(int(w["input_len"]), int(w["output_len"]), concurrency=int(concurrency), num_prompts=prompts)
-    return Workload(int(w["input_len"]), int(w["output_len"]),
-                    request_rate=math.inf if rate in (None, "inf") else float(rate), num_prompts=prompts)
-
-
-def load_cases(path: Path = CASES) -> list[dict[str, Any]]:
-    return [c for c in yaml.safe_load(path.read_text())["cases"] if c.get("usable")]
-
-
-def lengths(case: dict[str, Any]) -> dict[str, Any]:
-    """The case's workload, with a dataset's mean lengths worked out from its published totals where the
-    source gives tokens/s and requests/s but not the lengths."""
-    w = dict(case["workload"])
-    m = case.get("measured") or {}
-    if (not w.get("input_len") or not w.get("output_len")) and m.get("request_throughput") and (
-            m.get("output_tokens_per_s") and m.get("total_tokens_per_s")):
-        w["output_len"] = round(m["output_tokens_per_s"] / m["request_throughput"])
-        w["input_len"] = round((m["total_tokens_per_s"] - m["output_tokens_per_s"]) / m["request_throughput"])
-    return w
-
-
-def measured_throughput(case: dict[str, Any], w: dict[str, Any]) -> tuple[str, float | None]:
-    """The figure to compare: output tokens/s, or what the source gives instead, converted exactly."""
-    m = case.get("measured") or {}
-    if m.get("output_tokens_per_s") and int(w.get("output_len") or 0) > 1:
-        return "output", float(m["output_tokens_per_s"])
-    if m.get("batch_e2e_latency_s") and w.get("concurrency") and w.get("output_len"):
-        # vLLM's benchmark_latency: one batch of `concurrency` requests, all generating output_len tokens.
-        return "output", int(w["concurrency"]) * int(w["output_len"]) / float(m["batch_e2e_latency_s"])
-    if m.get("total_tokens_per_s"):
-        return "total", float(m["total_tokens_per_s"])
-    if m.get("total_tokens_per_s_per_gpu"):
-        return "total", float(m["total_tokens_per_s_per_gpu"]) * int(case.get("gpus") or 1)
-    return "output", None
-
-
-def evaluate(kiln: Kiln, case: dict[str, Any]) -> Row:
-    w = lengths(case)
-    case = {**case, "workload": w}
-    metric, value = measured_throughput(case, w)
-    row = Row(case["id"], case["gpu"], case["model"], "", f"{w['input_len']}/{w['output_len']}", value,
-              (case.get("measured") or {}).get("tpot_ms_median"), case.get("source", ""), metric=metric)
-    missing = [k for k in ("input_len", "output_len") if not w.get(k)]
-    found = f"the source states no {' or '.join(missing)}" if missing else setup_of(kiln, case)
-    if isinstance(found, str):
-        row.problem = found
-        return row
-    plan, profile, machine = found
-    workload = workload_of(case)
-    spec = plan.engine.speculative_config
-    row.setup = (f"{len(plan.instances)}xTP{plan.tensor_parallel_size} {plan.quantization}"
-                 f"{' kv-fp8' if plan.kv_cache_dtype == 'fp8' else ''}{' spec' if spec else ''}")
-    row.workload += f" {workload.load}"
-    spec_case = case.get("speculative") or {}
-    result: Forecast = forecast(plan, workload, kiln_steps(plan, machine, profile, kiln.constants), kiln.constants,
-                                emitted=spec_case.get("acceptance_length") if isinstance(spec_case, dict) else None)
-    row.kiln = result.output_tokens_per_s if metric == "output" else result.total_tokens_per_s
-    row.kiln_tpot_ms = result.tpot_ms["p50"]
-    row.notes = list(result.notes)
-    return row
-
-
-@dataclass(frozen=True)
-class SplitGroup:
-    """Cases that measure one model on one GPU under one load at several tensor-parallel splits."""
-
-    key: str
-    measured: dict[int, float]  # TP -> output per GPU (the mean where a split was measured more than once)
-    predicted: dict[int, float]
-
-    @property
-    def best_measured(self) -> int:
-        return max(self.measured, key=self.measured.__getitem__)
-
-    @property
-    def best_predicted(self) -> int:
-        return max(self.predicted, key=self.predicted.__getitem__)
-
-
-def split_groups(cases: list[dict[str, Any]], rows: list[Row]) -> list[SplitGroup]:
-    """The corpus's comparisons of splits, with the split that serves the most per GPU, measured and predicted: the
-    choice the planner makes at every boot. Runs whose mean lengths are within SAME_SHAPE of each other are one
-    shape: ShareGPT's lengths vary with what each run sampled, and a run's mean output with where requests stopped."""
-    found: list[tuple[tuple[Any, ...], tuple[int, int], str, dict[int, list[tuple[float, float]]]]] = []
-    for case, row in zip(cases, rows, strict=True):
-        if row.kiln is None or not row.measured:
-            continue
-        w = case["workload"]
-        setting = (case["model"], case["gpu"], case["precision"], case.get("source_group"), w.get("dataset"),
-                   w.get("concurrency") or w.get("request_rate"))
-        shape = (int(w["input_len"]), int(w["output_len"]))
-        group = next((g for g in found if g[0] == setting and all(
-            abs(a / b - 1) <= SAME_SHAPE for a, b in zip(shape, g[1], strict=True))), None)
-        if group is None:
-            name = f"{case['model']} on {case['gpu']} {case['precision']}, {shape[0]}/{shape[1]} at {setting[-1]} " \
-                   f"({case.get('source_group')})"
-            group = (setting, shape, name, {})
-            found.append(group)
-        tp = int(case.get("tp") or 1)
-        gpus = tp * int(case.get("instances") or 1) * int(case.get("dp") or 1)
-        group[3].setdefault(tp, []).append((row.measured / gpus, row.kiln / gpus))
-    return [SplitGroup(name, {tp: statistics.mean(m for m, _ in v) for tp, v in sorted(by_tp.items())},
-                       {tp: statistics.mean(p for _, p in v) for tp, v in sorted(by_tp.items())})
-            for _, _, name, by_tp in found if len(by_tp) > 1]
-
-
-def summary(rows: list[Row], engine: str) -> dict[str, Any]:
-    errors = [e for e in (r.error(engine) for r in rows) if e is not None]
-    return _stats(engine, errors)
-
-
-def _stats(engine: str, errors: list[float]) -> dict[str, Any]:
-    if not errors:
-        return {"engine": engine, "cases": 0, "within_25": None, "median_abs_error": None}
-    return {"engine": engine, "cases": len(errors),
-            "within_25": sum(abs(e) <= WITHIN for e in errors) / len(errors),
-            "median_abs_error": statistics.median(abs(e) for e in errors)}
 
 
 def _fmt(v: float | None, ref: float | None) -> str:
@@ -335,19 +109,6 @@ def planner_timings(kiln: Kiln) -> dict[str, float]:
     return out
 
 
-def case_class(kiln: Kiln, case: dict[str, Any]) -> tuple[str, str, str] | None:
-    """(GPU generation, dense or moe, load regime) of a case, as kiln.planner.bands names a prediction's class."""
-    from kiln.planner.bands import regime  # noqa: PLC0415
-
-    profile, spec = _profile(kiln, case), kiln.gpus.specs.get(case["gpu"])
-    if isinstance(profile, str) or spec is None:
-        return None
-    w = case["workload"]
-    replicas = int(case.get("instances") or 1) * int(case.get("dp") or 1)
-    load = int(w.get("concurrency") or w.get("num_prompts") or 1000) / replicas
-    return spec.architecture.value, "moe" if profile.architecture.moe else "dense", regime(load)
-
-
 def bands(classes: list[tuple[str, str, str] | None], errors: list[float | None]) -> dict[str, dict[str, Any]]:
     """Per class (and coarser), the 10th and 90th percentile of measured / predicted over the held-out cases."""
     from kiln.planner.bands import class_keys  # noqa: PLC0415
@@ -367,8 +128,6 @@ def bands(classes: list[tuple[str, str, str] | None], errors: list[float | None]
 
 
 def out_of_sample_report() -> int:
-    from benchmarks.perf_fit import best_point, combos, error_matrix, out_of_sample_from  # noqa: PLC0415
-
     kiln = Kiln.create()
     cases = [{**c, "workload": lengths(c)} for c in load_cases()]
     grid = combos()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from benchmarks.kv_capacity_vs_logs import summarize
 from benchmarks.perf_fit import combos, out_of_sample
-from benchmarks.perf_model_vs_public import CASES, Row, evaluate, lengths, load_cases, split_groups, summary
+from benchmarks.public_cases import CASES, Row, evaluate, lengths, load_cases, split_groups, summary
 from tests.unit.test_capacity_vs_logs import HELD_OUT_SHARE
 from tests.unit.test_perf_corpus import MAX_MEDIAN_ERROR, MIN_CASES, MIN_WITHIN_25
 

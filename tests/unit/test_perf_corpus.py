@@ -4,7 +4,7 @@ constants were last fitted (benchmarks.perf_fit)."""
 
 from __future__ import annotations
 
-from benchmarks.perf_model_vs_public import CASES, load_cases
+from benchmarks.public_cases import CASES, load_cases
 
 MIN_CASES = 74
 MIN_WITHIN_25 = 0.65

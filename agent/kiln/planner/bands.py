@@ -1,7 +1,7 @@
 """How far a prediction may be off: a band from the out-of-sample errors of predictions like it. Pure.
 
-The errors come from `python -m benchmarks.perf_model_vs_public --bands`: every public case predicted by constants
-fitted without the case's source, as the ratio measured / predicted. A class is the GPU generation, dense or
+The errors come from `python -m benchmarks.perf_model_vs_public --out-of-sample`: every public case predicted by
+constants fitted without the case's source, as the ratio measured / predicted. A class is the GPU generation, dense or
 MoE, and the load regime; the band is its 10th to 90th percentile ratio, or a coarser class's where it has too
 few cases (data/planner.yaml `bands`).
 """
