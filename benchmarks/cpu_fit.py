@@ -18,10 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kiln.choice.schema import Choice
-from kiln.perf.predict import forecast, kiln_steps
-from kiln.perf.workload import Workload
-from kiln.planner.search import make_plan
+from kiln.bench.predicted import Level, predict_levels
 from kiln.setup.types import Constants, Refusal
 from kiln.wiring import Kiln
 
@@ -43,17 +40,14 @@ def with_cpu(kiln: Kiln, values: dict[str, float]) -> Kiln:
 
 def errors(kiln: Kiln, run: dict[str, Any]) -> list[float]:
     """log(predicted / measured) of every level's output tokens/s, TTFT p50 and TPOT p50."""
-    profile = kiln.catalog().get("tiny-cpu")
-    machine = kiln.machine(None)
-    plan = make_plan(machine, profile, Choice(instances=run["instances"]), kiln.constants)
-    if isinstance(plan, Refusal):
-        raise SystemExit(f"no plan: {plan.reason}")
-    steps = kiln_steps(plan, machine, profile, kiln.constants)
+    levels = run["levels"]
+    predicted = predict_levels(kiln.machine(None), kiln.catalog().get("tiny-cpu"), run["instances"],
+                               [Level(lv["input_len"], lv["output_len"], lv["concurrency"], lv["completed"])
+                                for lv in levels], kiln.constants)
+    if isinstance(predicted, Refusal):
+        raise SystemExit(f"no plan: {predicted.reason}")
     out = []
-    for level in run["levels"]:
-        c, prompts = level["concurrency"], level["completed"]
-        f = forecast(plan, Workload(level["input_len"], level["output_len"], concurrency=c, num_prompts=prompts),
-                     steps, kiln.constants)
+    for level, f in zip(levels, predicted[1], strict=True):
         out += [math.log(f.output_tokens_per_s / level["output_tokens_per_s"]),
                 math.log(f.ttft_ms["p50"] / level["ttft_ms"]["p50"]),
                 math.log(f.tpot_ms["p50"] / level["tpot_ms"]["p50"])]
@@ -67,7 +61,12 @@ def score(errs: list[float]) -> float:
 def main(argv: list[str]) -> int:
     fit_path = Path(argv[0]) if argv else RUNS / "tiny-cpu-256-128.json"
     judge_path = Path(argv[1]) if len(argv) > 1 else RUNS / "tiny-cpu-32-16.json"
-    fit_run, judge_run = (json.loads(p.read_text()) for p in (fit_path, judge_path))
+    try:
+        fit_run, judge_run = (json.loads(p.read_text()) for p in (fit_path, judge_path))
+    except (OSError, ValueError) as exc:
+        print(f"cannot read a run: {exc}; give two results files of `kiln bench` with cores and instances, as in "
+              f"{RUNS}")
+        return 2
     kiln = Kiln.create()
     cores = kiln.machine(None).host.cpu_count
     if cores != fit_run["cores"]:

@@ -19,7 +19,7 @@ from collections import Counter
 from typing import Any
 
 from benchmarks.perf_fit import best_point, combos, error_matrix, out_of_sample_from
-from benchmarks.public_cases import case_class, evaluate, lengths, load_cases, split_groups, summary
+from benchmarks.public_cases import case_class, evaluate, held_out, lengths, load_cases, split_groups, summary
 from kiln.perf.predict import kiln_steps
 from kiln.wiring import Kiln
 
@@ -135,8 +135,12 @@ def out_of_sample_report() -> int:
     results = out_of_sample_from(matrix, cases)
     print(f"{len(cases)} public cases; grid of {len(grid)} constant sets (benchmarks.perf_fit.GRID); the best on "
           f"all cases: {grid[best_point(matrix)]}")
-    for name, (_, (within, median, n)) in results.items():
-        print(f"{name:22} {n:3} cases: {within:.0%} within ±25%, median |error| {median:.0%}")
+    rows = [evaluate(kiln, c) for c in cases]
+    for name, (errors, (within, median, n)) in results.items():
+        groups = split_groups(cases, held_out(rows, errors))
+        right = sum(g.best_measured == g.best_predicted for g in groups)
+        print(f"{name:22} {n:3} cases: {within:.0%} within ±25%, median |error| {median:.0%}; the measured best "
+              f"split per GPU predicted best in {right} of {len(groups)} groups")
     classes = [case_class(kiln, c) for c in cases]
     print("\nbands (data/planner.yaml `bands: classes:`), from the leave-one-source-out errors:")
     for key, band in bands(classes, results["leave-one-source-out"][0]).items():

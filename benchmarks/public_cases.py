@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +224,12 @@ def split_groups(cases: list[dict[str, Any]], rows: list[Row]) -> list[SplitGrou
     return [SplitGroup(name, {tp: statistics.mean(m for m, _ in v) for tp, v in sorted(by_tp.items())},
                        {tp: statistics.mean(p for _, p in v) for tp, v in sorted(by_tp.items())})
             for _, _, name, by_tp in found if len(by_tp) > 1]
+
+
+def held_out(rows: list[Row], errors: list[float | None]) -> list[Row]:
+    """The rows with kiln's prediction replaced by another fit's (its errors, predicted / measured - 1, per case)."""
+    return [replace(r, kiln=None if e is None or not r.measured else r.measured * (1 + e))
+            for r, e in zip(rows, errors, strict=True)]
 
 
 def summary(rows: list[Row], engine: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from benchmarks.kv_capacity_vs_logs import summarize
 from benchmarks.perf_fit import combos, out_of_sample
-from benchmarks.public_cases import CASES, Row, evaluate, lengths, load_cases, split_groups, summary
+from benchmarks.public_cases import CASES, Row, evaluate, held_out, lengths, load_cases, split_groups, summary
 from tests.unit.test_capacity_vs_logs import HELD_OUT_SHARE
 from tests.unit.test_perf_corpus import MAX_MEDIAN_ERROR, MIN_CASES, MIN_WITHIN_25
 
@@ -72,9 +72,8 @@ def test_kilns_engine_holds_its_accuracy_out_of_sample(kiln: Kiln, cases: list[d
     assert loso[0] <= results["in-sample"][1][0] + 1e-9 or loso[1] >= results["in-sample"][1][1] - 1e-9
     # The split the planner would choose, with the constants refitted without the group's source or model family.
     for name in ("leave-one-source-out", "leave-one-family-out"):
-        held = [replace(r, kiln=None if e is None or not r.measured else r.measured * (1 + e))
-                for r, e in zip(rows, results[name][0], strict=True)]
-        assert [g.key for g in split_groups(cases, held) if g.best_measured != g.best_predicted] == [], name
+        groups = split_groups(cases, held_out(rows, results[name][0]))
+        assert [g.key for g in groups if g.best_measured != g.best_predicted] == [], name
 
 
 def test_held_out_kv_capacity_is_within_ten_percent_for_most_logs(kiln: Kiln) -> None:

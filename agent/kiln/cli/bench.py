@@ -13,14 +13,12 @@ from urllib.parse import urlsplit
 from kiln import datafiles
 from kiln.bench import report, setups
 from kiln.bench.client import Target, VllmBench, discover
+from kiln.bench.predicted import Level, predict_levels
 from kiln.bench.sweep import Slo, SweepSpec, ratios, run_sweep
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice
 from kiln.cli.output import print_json, table
 from kiln.errors import ConfigError, KilnError
-from kiln.perf.predict import forecast, kiln_steps
-from kiln.perf.workload import Workload
-from kiln.planner.search import make_plan
 from kiln.render.vllm import MODULE_VLLM, Runtime, find_vllm_python
 from kiln.serve.decide import decide
 from kiln.serve.layout import ServeLayout
@@ -180,14 +178,13 @@ def _add_predictions(kiln: Kiln, args: argparse.Namespace, spec: SweepSpec, leve
     concurrency and prompts."""
     profile = kiln.profile(args.predict, None)
     machine = kiln.machine(None if profile.cpu_only else args.machine)  # the CPU profile runs here
-    plan = make_plan(machine, profile, Choice(instances=args.predict_instances), kiln.constants)
-    if isinstance(plan, Refusal):
-        raise KilnError(f"no prediction: {plan.reason}", fix="; ".join(plan.suggestions) or "drop --predict")
-    steps = kiln_steps(plan, machine, profile, kiln.constants)
-    for level in levels:
-        c = level["concurrency"]
-        f = forecast(plan, Workload(spec.input_len, spec.output_len, concurrency=c, num_prompts=spec.prompts(c)),
-                     steps, kiln.constants)
+    asked = [Level(spec.input_len, spec.output_len, lv["concurrency"], spec.prompts(lv["concurrency"]))
+             for lv in levels]
+    predicted = predict_levels(machine, profile, args.predict_instances, asked, kiln.constants)
+    if isinstance(predicted, Refusal):
+        raise KilnError(f"no prediction: {predicted.reason}", fix="; ".join(predicted.suggestions) or "drop --predict")
+    plan, forecasts = predicted
+    for level, f in zip(levels, forecasts, strict=True):
         level["predicted"] = {"engine": f.engine, "instances": len(plan.instances),
                               "output_tokens_per_s": round(f.output_tokens_per_s, 1),
                               "ttft_ms_p50": round(f.ttft_ms["p50"], 1), "tpot_ms_p50": round(f.tpot_ms["p50"], 2)}
