@@ -5,13 +5,13 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
-import yaml
+from kiln.validation import parse_yaml
 
 
 def read_yaml(relative: str) -> Any:
     """Parse a YAML file shipped in the package's data/ folder."""
     text = resources.files("kiln").joinpath("data").joinpath(relative).read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    return parse_yaml(text)
 
 
 def list_names(folder: str) -> list[str]:

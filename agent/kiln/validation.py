@@ -11,6 +11,10 @@ from kiln.errors import ConfigError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
+# libyaml's loader where PyYAML was built with it: the same safe subset, about ten times faster (the catalog and
+# the data files are parsed at every boot and every CLI call).
+SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 def _location(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
@@ -57,7 +61,7 @@ class YamlError(ValueError):
 def parse_yaml(text: str) -> Any:
     """safe_load, with every way it can fail (bad dates and deep nesting too) as one YamlError."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
