@@ -18,8 +18,19 @@ import time
 from collections import Counter
 from typing import Any
 
-from benchmarks.perf_fit import best_point, combos, error_matrix, out_of_sample_from
-from benchmarks.public_cases import case_class, evaluate, held_out, lengths, load_cases, split_groups, summary
+from benchmarks.perf_fit import Errors, best_point, combos, error_matrix, family, out_of_sample_from
+from benchmarks.public_cases import (
+    OLDEST_RELEASE,
+    WITHIN,
+    Row,
+    case_class,
+    evaluate,
+    held_out,
+    lengths,
+    load_cases,
+    split_groups,
+    summary,
+)
 from kiln.perf.predict import kiln_steps
 from kiln.wiring import Kiln
 
@@ -62,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
              f"{'kiln':>16} {'aic':>16}"
     print(header)
     print("-" * len(header))
-    for r in rows:
-        if r.problem:
-            print(f"{r.id:9} {r.gpu:6} {r.model[:24]:24} not modeled: {r.problem}")
-            continue
-        print(f"{r.id:9} {r.gpu:6} {r.model[:24]:24} {r.setup[:22]:22} {r.workload[:26]:26} "
-              f"{r.metric[:3]} {r.measured or 0:>9,.0f}  {_fmt(r.kiln, r.measured):>16} {_fmt(r.aic, r.measured):>16}")
+    _print_rows(rows)
+    older = [evaluate(kiln, c) for c in load_cases(older=True)]
+    if older:
+        print(f"\nmeasured on vLLM releases before {'.'.join(map(str, OLDEST_RELEASE))}, printed but not scored "
+              "(benchmarks.public_cases.OLDEST_RELEASE):")
+        _print_rows(older)
     print()
     by_gpu = Counter(r.gpu for r in rows if not r.problem)
     print("cases per GPU: " + ", ".join(f"{g} {n}" for g, n in sorted(by_gpu.items())))
@@ -91,6 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     for what, seconds in timings.items():
         print(f"planner search, {what}: {seconds:.2f} s")
     return 0
+
+
+def _print_rows(rows: list[Row]) -> None:
+    for r in rows:
+        if r.problem:
+            print(f"{r.id:9} {r.gpu:6} {r.model[:24]:24} not modeled: {r.problem}")
+            continue
+        print(f"{r.id:9} {r.gpu:6} {r.model[:24]:24} {r.setup[:22]:22} {r.workload[:26]:26} "
+              f"{r.metric[:3]} {r.measured or 0:>9,.0f}  {_fmt(r.kiln, r.measured):>16} {_fmt(r.aic, r.measured):>16}")
 
 
 def planner_timings(kiln: Kiln) -> dict[str, float]:
@@ -141,12 +161,30 @@ def out_of_sample_report() -> int:
         right = sum(g.best_measured == g.best_predicted for g in groups)
         print(f"{name:22} {n:3} cases: {within:.0%} within ±25%, median |error| {median:.0%}; the measured best "
               f"split per GPU predicted best in {right} of {len(groups)} groups")
+    print_breakdown(cases, {name: errors for name, (errors, _) in results.items()})
     classes = [case_class(kiln, c) for c in cases]
     print("\nbands (data/planner.yaml `bands: classes:`), from the leave-one-source-out errors:")
     for key, band in bands(classes, results["leave-one-source-out"][0]).items():
         print(f"    \"{key}\": {{low: {band['low']}, high: {band['high']}, cases: {band['cases']}}}")
     return 0
 
+
+def print_breakdown(cases: list[dict[str, Any]], errors: dict[str, Errors]) -> None:
+    """Cases by GPU, model family and vLLM release: how many, and per fit the share within ±25% and the median
+    |error|."""
+    keys = {"GPU": lambda c: str(c["gpu"]), "family": lambda c: family(c["model"]),
+            "vLLM": lambda c: str(c.get("vllm_release") or "unnamed")}
+    names = list(errors)
+    print(f"\n{'within ±25% / cases, median |error|':36}" + "  ".join(f"{n:>22}" for n in names))
+    for title, key in keys.items():
+        for value in sorted({key(c) for c in cases}):
+            picked = [i for i, c in enumerate(cases) if key(c) == value]
+            cells = []
+            for n in names:
+                found = [abs(e) for e in (errors[n][i] for i in picked) if e is not None]
+                cells.append(f"{sum(e <= WITHIN for e in found):>3}/{len(found):<3} {statistics.median(found):>5.0%}"
+                             if found else "-")
+            print(f"{title + ' ' + value:28.28} {len(picked):>5} cases  " + "  ".join(f"{c:>22}" for c in cells))
 
 
 if __name__ == "__main__":

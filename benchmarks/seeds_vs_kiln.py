@@ -11,12 +11,14 @@ import sys
 from dataclasses import dataclass
 
 from kiln.choice.schema import Choice
-from kiln.perf.predict import Forecast, forecast, kiln_steps
+from kiln.hardware.model import Machine
+from kiln.perf.predict import Forecast, forecast, hardware, kiln_steps
 from kiln.perf.setup import Fixed, fixed_plan, machine_of
 from kiln.perf.workload import Workload
 from kiln.planner.bands import band_for
 from kiln.planner.plan import fit_plans
-from kiln.setup.types import Band, Plan, Refusal
+from kiln.profiles.schema import Profile
+from kiln.setup.types import Band, Constants, Plan, Refusal
 from kiln.wiring import Kiln
 
 
@@ -84,6 +86,17 @@ def value(metric: str, f: Forecast, gpus: int, workload: Workload) -> float:
     return f.ttft_ms["p50"]
 
 
+def prefill_floor_ms(plan: Plan, machine: Machine, profile: Profile, workload: Workload, c: Constants) -> float | None:
+    """The least time the prompts sent at once take to prefill: 2 FLOPs per active parameter per prompt token, on all
+    the instance's GPUs at their datasheet peak. A published TTFT below it cannot come from the assumed load."""
+    peak = hardware(machine, plan.quantization, plan.tensor_parallel_size, 1, c).flops
+    if not peak:
+        return None
+    at_once = min(workload.concurrency or workload.num_prompts, workload.num_prompts)
+    flops = at_once * workload.input_len * 2 * profile.architecture.params_active
+    return 1000 * flops / (peak * machine.gpu_count)
+
+
 def main() -> int:
     kiln = Kiln.create()
     header = f"{'seed':46} {'published':>10} {'kiln':>10} {'ratio':>6}  {'band':>19}  verdict"
@@ -115,6 +128,10 @@ def main() -> int:
         print(f"{seed.name:46} {seed.published:>10,.0f} {ours:>10,.0f} {seed.published / ours:>6.2f}  {shown:>19}  "
               f"{verdict}")
         print(f"{'':46}   {seed.metric}; assumed: {seed.assumed}")
+        floor = prefill_floor_ms(plan, machine, profile, seed.workload, kiln.constants)
+        if seed.metric == "ttft_ms" and floor is not None:
+            print(f"{'':46}   the assumed prompts need {floor:,.0f} ms to prefill at the GPUs' peak FLOPs"
+                  + (": the published TTFT is for fewer prompts at once" if seed.published < floor else ""))
     return 0
 
 

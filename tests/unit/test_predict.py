@@ -96,6 +96,29 @@ def test_speculative_decodings_gain_shrinks_as_the_batch_fills(kiln: Kiln) -> No
     assert light > 1.5 and full < light / 1.5  # verifying drafts costs tensor-core time that a full batch lacks
 
 
+def test_sliding_window_layers_attend_only_to_their_window(kiln: Kiln) -> None:
+    """gpt-oss alternates 128-token windows with full attention: prefilling a long prompt costs the full layers'
+    quadratic attention, not all layers'."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from kiln.perf.steps import RooflineSteps, Step  # noqa: PLC0415
+
+    machine, profile = kiln.machine("h100x1"), kiln.profile("gpt-oss-20b", None)
+    fitted = fit_plans(machine, profile, Choice(speculative_decoding=False), kiln.constants)
+    assert not isinstance(fitted, Refusal)
+    steps = kiln_steps(fitted[0], machine, profile, kiln.constants)
+    assert isinstance(steps, RooflineSteps)
+    arch = profile.architecture
+    assert arch.sliding_window is not None and arch.sliding_window.layers == arch.num_layers // 2
+    unwindowed = replace(steps, profile=profile.model_copy(update={
+        "architecture": arch.model_copy(update={"sliding_window": None})}))
+    chunk = Step(0, 0.0, prefill_tokens=8192, prefill_context=8192 * 28_000.0)  # a chunk deep in a 32K prompt
+    short = Step(0, 0.0, prefill_tokens=8192, prefill_context=8192 * 64.0)  # inside every window
+    assert steps._attention_flops(chunk) == pytest.approx(unwindowed._attention_flops(chunk) / 2, rel=0.01)
+    assert steps._attention_flops(short) == pytest.approx(unwindowed._attention_flops(short))
+    assert steps.seconds(chunk) < unwindowed.seconds(chunk)
+
+
 def test_the_search_meets_the_budget_and_explains_with_predictions(kiln: Kiln) -> None:
     machine, profile = kiln.machine("h100x8"), kiln.profile("llama-3.3-70b-instruct", None)
     work = resolve(WorkloadSpec(preset="chat"))

@@ -202,7 +202,10 @@ class RooflineSteps:
                             + (self._attended(step.prefill_context / step.prefill_tokens) * step.prefill_tokens
                                if step.prefill_tokens else 0.0))
         if arch.mla is None:
-            return 4 * layers * arch.num_attention_heads * arch.head_dim * queries_attended / self.tp
+            windowed = self._windowed_queries(step, decode_per_seq)
+            full = layers - windowed[0] - (arch.linear_attention.layers if arch.linear_attention else 0)
+            return 4 * arch.num_attention_heads * arch.head_dim * (
+                full * queries_attended + windowed[0] * windowed[1]) / self.tp
         heads = arch.num_attention_heads / self.tp
         if arch.sparse_attention is not None and self.hardware.sparse_mla_min_heads:
             heads = max(heads, float(self.hardware.sparse_mla_min_heads))
@@ -212,6 +215,18 @@ class RooflineSteps:
             scored = step.decode_context * step.tokens_per_seq + step.prefill_context
             flops += 2 * layers * (sparse.index_n_heads or 64) * sparse.index_head_dim * scored / self.tp
         return flops
+
+    def _windowed_queries(self, step: Step, decode_per_seq: float) -> tuple[int, float]:
+        """Sliding-window layers, and the tokens all the step's queries attend to in one of them: at most the window
+        each (gpt-oss alternates 128-token windows with full attention)."""
+        sliding = self.profile.architecture.sliding_window
+        if sliding is None:
+            return 0, 0.0
+        window = float(sliding.window)
+        decode = step.decode_seqs * step.tokens_per_seq * min(decode_per_seq, window)
+        prefill = (min(step.prefill_context / step.prefill_tokens, window) * step.prefill_tokens
+                   if step.prefill_tokens else 0.0)
+        return sliding.layers, decode + prefill
 
     def _active_expert_params(self) -> float:
         """Parameters of the routed experts one token passes through."""
