@@ -96,9 +96,9 @@ def test_speculative_decodings_gain_shrinks_as_the_batch_fills(kiln: Kiln) -> No
     assert light > 1.5 and full < light / 1.5  # verifying drafts costs tensor-core time that a full batch lacks
 
 
-def test_sliding_window_layers_attend_only_to_their_window(kiln: Kiln) -> None:
+def test_only_full_attention_layers_attend_to_the_whole_context(kiln: Kiln) -> None:
     """gpt-oss alternates 128-token windows with full attention: prefilling a long prompt costs the full layers'
-    quadratic attention, not all layers'."""
+    quadratic attention, not all layers'. Linear-attention layers attend to no context."""
     from dataclasses import replace  # noqa: PLC0415
 
     from kiln.perf.steps import RooflineSteps, Step  # noqa: PLC0415
@@ -117,6 +117,20 @@ def test_sliding_window_layers_attend_only_to_their_window(kiln: Kiln) -> None:
     assert steps._attention_flops(chunk) == pytest.approx(unwindowed._attention_flops(chunk) / 2, rel=0.01)
     assert steps._attention_flops(short) == pytest.approx(unwindowed._attention_flops(short))
     assert steps.seconds(chunk) < unwindowed.seconds(chunk)
+
+    # Qwen3.5's Gated DeltaNet layers keep a fixed state: only its full-attention layers attend to the context.
+    hybrid = kiln.profile("qwen3.5-397b-a17b", None)
+    machine = kiln.machine("h200x8")
+    fitted = fit_plans(machine, hybrid, Choice(tensor_parallel_size=8, speculative_decoding=False), kiln.constants)
+    assert not isinstance(fitted, Refusal)
+    steps = kiln_steps(fitted[0], machine, hybrid, kiln.constants)
+    assert isinstance(steps, RooflineSteps)
+    linear = hybrid.architecture.linear_attention
+    assert linear is not None
+    all_full = replace(steps, profile=hybrid.model_copy(update={
+        "architecture": hybrid.architecture.model_copy(update={"linear_attention": None})}))
+    full_share = (hybrid.architecture.num_layers - linear.layers) / hybrid.architecture.num_layers
+    assert steps._attention_flops(chunk) == pytest.approx(all_full._attention_flops(chunk) * full_share)
 
 
 def test_the_search_meets_the_budget_and_explains_with_predictions(kiln: Kiln) -> None:

@@ -171,12 +171,22 @@ class RooflineSteps:
                 self.draft_tokens * self.efficiency.overhead_per_layer_s)
         return max(memory_s, compute_s) + comm_s + fixed + draft_s
 
-    def _attended(self, context_per_seq: float) -> float:
-        """Tokens one query attends to: all of its context, or the indexer's top-k under sparse attention."""
+    def _attention_cap(self) -> float:
+        """Tokens one query attends to at most: the indexer's top-k under sparse attention, else all its context."""
         sparse = self.profile.architecture.sparse_attention
-        if sparse is not None and sparse.index_topk:
-            return min(context_per_seq, float(sparse.index_topk))
-        return context_per_seq
+        return float(sparse.index_topk) if sparse is not None and sparse.index_topk else math.inf
+
+    def _attended(self, context_per_seq: float) -> float:
+        """Tokens one query attends to."""
+        return min(context_per_seq, self._attention_cap())
+
+    def _queries_attended(self, step: Step, cap: float) -> float:
+        """Tokens all the step's queries attend to together in one layer, each at most `cap`."""
+        decode_per_seq = step.decode_context / step.decode_seqs if step.decode_seqs else 0.0
+        decode = step.decode_seqs * step.tokens_per_seq * min(decode_per_seq, cap)
+        prefill = (min(step.prefill_context / step.prefill_tokens, cap) * step.prefill_tokens
+                   if step.prefill_tokens else 0.0)
+        return decode + prefill
 
     def _indexer_bytes_per_token(self) -> int:
         sparse = self.profile.architecture.sparse_attention
@@ -197,15 +207,15 @@ class RooflineSteps:
         at least `sparse_mla_min_heads` heads per GPU, and the indexer scores every cached token."""
         arch = self.profile.architecture
         layers = arch.num_layers
-        decode_per_seq = step.decode_context / step.decode_seqs if step.decode_seqs else 0.0
-        queries_attended = (step.decode_seqs * step.tokens_per_seq * self._attended(decode_per_seq)
-                            + (self._attended(step.prefill_context / step.prefill_tokens) * step.prefill_tokens
-                               if step.prefill_tokens else 0.0))
+        queries_attended = self._queries_attended(step, self._attention_cap())
         if arch.mla is None:
-            windowed = self._windowed_queries(step, decode_per_seq)
-            full = layers - windowed[0] - (arch.linear_attention.layers if arch.linear_attention else 0)
-            return 4 * arch.num_attention_heads * arch.head_dim * (
-                full * queries_attended + windowed[0] * windowed[1]) / self.tp
+            # Sliding-window layers attend to their window only (gpt-oss: 128 tokens in every other layer); linear-
+            # attention layers keep a fixed state instead of attending to the context.
+            sliding = arch.sliding_window
+            windowed = self._queries_attended(step, float(sliding.window)) * sliding.layers if sliding else 0.0
+            full = layers - (sliding.layers if sliding else 0) - (
+                arch.linear_attention.layers if arch.linear_attention else 0)
+            return 4 * arch.num_attention_heads * arch.head_dim * (full * queries_attended + windowed) / self.tp
         heads = arch.num_attention_heads / self.tp
         if arch.sparse_attention is not None and self.hardware.sparse_mla_min_heads:
             heads = max(heads, float(self.hardware.sparse_mla_min_heads))
@@ -215,18 +225,6 @@ class RooflineSteps:
             scored = step.decode_context * step.tokens_per_seq + step.prefill_context
             flops += 2 * layers * (sparse.index_n_heads or 64) * sparse.index_head_dim * scored / self.tp
         return flops
-
-    def _windowed_queries(self, step: Step, decode_per_seq: float) -> tuple[int, float]:
-        """Sliding-window layers, and the tokens all the step's queries attend to in one of them: at most the window
-        each (gpt-oss alternates 128-token windows with full attention)."""
-        sliding = self.profile.architecture.sliding_window
-        if sliding is None:
-            return 0, 0.0
-        window = float(sliding.window)
-        decode = step.decode_seqs * step.tokens_per_seq * min(decode_per_seq, window)
-        prefill = (min(step.prefill_context / step.prefill_tokens, window) * step.prefill_tokens
-                   if step.prefill_tokens else 0.0)
-        return sliding.layers, decode + prefill
 
     def _active_expert_params(self) -> float:
         """Parameters of the routed experts one token passes through."""
