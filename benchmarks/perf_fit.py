@@ -28,7 +28,8 @@ GRID: dict[str, tuple[Any, ...]] = {
 
 
 def score(kiln: Kiln, cases: list[dict[str, Any]]) -> tuple[float, float, int]:
-    errors = [e for e in (evaluate(kiln, c).error("kiln") for c in cases) if e is not None]
+    catalog = kiln.catalog()
+    errors = [e for e in (evaluate(kiln, c, catalog).error("kiln") for c in cases) if e is not None]
     if not errors:
         return 0.0, float("inf"), 0
     return (sum(abs(e) <= WITHIN for e in errors) / len(errors), statistics.median(abs(e) for e in errors),
@@ -54,7 +55,8 @@ def combos(grid: dict[str, tuple[Any, ...]] = GRID) -> list[dict[str, Any]]:
 
 def error_matrix(kiln: Kiln, cases: list[dict[str, Any]], grid: list[dict[str, Any]]) -> list[Errors]:
     """Each grid point's error on every case."""
-    return [[evaluate(with_roofline(kiln, values), c).error("kiln") for c in cases] for values in grid]
+    catalog = kiln.catalog()
+    return [[evaluate(with_roofline(kiln, values), c, catalog).error("kiln") for c in cases] for values in grid]
 
 
 def _rank(errors: Errors, keep: list[bool]) -> tuple[float, float]:

@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out_of_sample:
         return out_of_sample_report()
     kiln = Kiln.create()
-    cases = load_cases()
-    rows = [evaluate(kiln, c) for c in cases]
+    cases, catalog = load_cases(), kiln.catalog()
+    rows = [evaluate(kiln, c, catalog) for c in cases]
     if not args.no_aiconfigurator:
         from benchmarks.aic_alone import fill_aic  # noqa: PLC0415 - only when AIConfigurator is asked for
         fill_aic(kiln, cases, rows)
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     _print_rows(rows)
-    older = [evaluate(kiln, c) for c in load_cases(older=True)]
+    older = [evaluate(kiln, c, catalog) for c in load_cases(older=True)]
     if older:
         print(f"\nmeasured on vLLM releases before {'.'.join(map(str, OLDEST_RELEASE))}, printed but not scored "
               "(benchmarks.public_cases.OLDEST_RELEASE):")
@@ -155,14 +155,15 @@ def out_of_sample_report() -> int:
     results = out_of_sample_from(matrix, cases)
     print(f"{len(cases)} public cases; grid of {len(grid)} constant sets (benchmarks.perf_fit.GRID); the best on "
           f"all cases: {grid[best_point(matrix)]}")
-    rows = [evaluate(kiln, c) for c in cases]
+    catalog = kiln.catalog()
+    rows = [evaluate(kiln, c, catalog) for c in cases]
     for name, (errors, (within, median, n)) in results.items():
         groups = split_groups(cases, held_out(rows, errors))
         right = sum(g.best_measured == g.best_predicted for g in groups)
         print(f"{name:22} {n:3} cases: {within:.0%} within ±25%, median |error| {median:.0%}; the measured best "
               f"split per GPU predicted best in {right} of {len(groups)} groups")
     print_breakdown(cases, {name: errors for name, (errors, _) in results.items()})
-    classes = [case_class(kiln, c) for c in cases]
+    classes = [case_class(kiln, c, catalog) for c in cases]
     print("\nbands (data/planner.yaml `bands: classes:`), from the leave-one-source-out errors:")
     for key, band in bands(classes, results["leave-one-source-out"][0]).items():
         print(f"    \"{key}\": {{low: {band['low']}, high: {band['high']}, cases: {band['cases']}}}")

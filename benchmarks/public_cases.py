@@ -10,14 +10,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kiln import datafiles
 from kiln.perf.predict import Forecast, forecast, kiln_steps
 from kiln.perf.setup import Fixed, fixed_plan, machine_of
 from kiln.perf.workload import Workload
+from kiln.profiles.catalog import Catalog
 from kiln.profiles.schema import Profile
 from kiln.setup.types import Plan
+from kiln.validation import parse_yaml
 from kiln.wiring import Kiln
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,15 +52,17 @@ class Row:
         return float(predicted / self.measured - 1)
 
 
-def _profile(kiln: Kiln, case: dict[str, Any]) -> Profile | str:
+def _profile(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -> Profile | str:
+    """The case's model: its catalog profile (`catalog`, read once by a caller that evaluates many cases), or its
+    architecture in tests/data/perf_models/."""
     key = case["model"]
-    names = kiln.catalog().profiles
+    names = (catalog or kiln.catalog()).profiles
     if key in names:
         return names[key]
     path = MODELS / f"{key}.yaml"
     if not path.is_file():
         return f"no architecture for {key}"
-    data = yaml.safe_load(path.read_text())
+    data = parse_yaml(path.read_text())
     arch = data["architecture"]
     precision = case["precision"]
     return Profile.model_validate({
@@ -90,8 +92,8 @@ def _speculative(case: dict[str, Any]) -> dict[str, object] | None:
     return {"method": spec["method"], "num_speculative_tokens": int(spec.get("num_speculative_tokens") or 1)}
 
 
-def setup_of(kiln: Kiln, case: dict[str, Any]) -> tuple[Plan, Profile, Any] | str:
-    profile = _profile(kiln, case)
+def setup_of(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -> tuple[Plan, Profile, Any] | str:
+    profile = _profile(kiln, case, catalog)
     if isinstance(profile, str):
         return profile
     spec = kiln.gpus.specs.get(case["gpu"])
@@ -141,11 +143,16 @@ def release(case: dict[str, Any]) -> tuple[int, int] | None:
     return int(major), int(minor)
 
 
+def before_oldest_release(case: dict[str, Any]) -> bool:
+    """Whether a case ran a vLLM release older than OLDEST_RELEASE (an unnamed release is not)."""
+    return (release(case) or OLDEST_RELEASE) < OLDEST_RELEASE
+
+
 def load_cases(path: Path = CASES, *, older: bool = False) -> list[dict[str, Any]]:
     """The usable cases measured on vLLM 0.10 or later (or an unnamed recent build); with `older`, only those
     measured on releases before OLDEST_RELEASE."""
-    usable = [c for c in yaml.safe_load(path.read_text())["cases"] if c.get("usable")]
-    return [c for c in usable if ((release(c) or OLDEST_RELEASE) < OLDEST_RELEASE) == older]
+    usable = [c for c in parse_yaml(path.read_text())["cases"] if c.get("usable")]
+    return [c for c in usable if before_oldest_release(c) == older]
 
 
 def lengths(case: dict[str, Any]) -> dict[str, Any]:
@@ -175,14 +182,14 @@ def measured_throughput(case: dict[str, Any], w: dict[str, Any]) -> tuple[str, f
     return "output", None
 
 
-def evaluate(kiln: Kiln, case: dict[str, Any]) -> Row:
+def evaluate(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -> Row:
     w = lengths(case)
     case = {**case, "workload": w}
     metric, value = measured_throughput(case, w)
     row = Row(case["id"], case["gpu"], case["model"], "", f"{w['input_len']}/{w['output_len']}", value,
               (case.get("measured") or {}).get("tpot_ms_median"), case.get("source", ""), metric=metric)
     missing = [k for k in ("input_len", "output_len") if not w.get(k)]
-    found = f"the source states no {' or '.join(missing)}" if missing else setup_of(kiln, case)
+    found = f"the source states no {' or '.join(missing)}" if missing else setup_of(kiln, case, catalog)
     if isinstance(found, str):
         row.problem = found
         return row
@@ -264,11 +271,11 @@ def _stats(engine: str, errors: list[float]) -> dict[str, Any]:
             "median_abs_error": statistics.median(abs(e) for e in errors)}
 
 
-def case_class(kiln: Kiln, case: dict[str, Any]) -> tuple[str, str, str] | None:
+def case_class(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -> tuple[str, str, str] | None:
     """(GPU generation, dense or moe, load regime) of a case, as kiln.planner.bands names a prediction's class."""
     from kiln.planner.bands import regime  # noqa: PLC0415
 
-    profile, spec = _profile(kiln, case), kiln.gpus.specs.get(case["gpu"])
+    profile, spec = _profile(kiln, case, catalog), kiln.gpus.specs.get(case["gpu"])
     if isinstance(profile, str) or spec is None:
         return None
     w = case["workload"]

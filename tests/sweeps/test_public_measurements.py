@@ -27,7 +27,8 @@ def cases() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def rows(kiln: Kiln, cases: list[dict[str, Any]]) -> list[Row]:
-    return [evaluate(kiln, case) for case in cases]
+    catalog = kiln.catalog()
+    return [evaluate(kiln, case, catalog) for case in cases]
 
 
 def test_kilns_engine_holds_its_accuracy_on_the_public_cases(rows: list[Row], capsys: pytest.CaptureFixture[str]

@@ -5,7 +5,7 @@ constants were last fitted (benchmarks.perf_fit)."""
 from __future__ import annotations
 
 import yaml
-from benchmarks.public_cases import CASES, OLDEST_RELEASE, load_cases, release
+from benchmarks.public_cases import CASES, before_oldest_release, load_cases
 
 MIN_CASES = 151
 MIN_WITHIN_25 = 0.59
@@ -24,6 +24,8 @@ def test_every_case_names_its_vllm_release_and_older_ones_are_kept_apart() -> No
     assert all("vllm_version" in c and "vllm_release" in c for c in every)
     assert all(c["vllm_version"] for c in every if c["vllm_release"])
     scored, older = load_cases(CASES), load_cases(CASES, older=True)
-    assert older and all((release(c) or OLDEST_RELEASE) < OLDEST_RELEASE for c in older)
-    assert all((release(c) or OLDEST_RELEASE) >= OLDEST_RELEASE for c in scored)
+    assert older and all(before_oldest_release(c) for c in older)
+    assert not any(before_oldest_release(c) for c in scored)
+    # Release lines compare as numbers: 0.9 is older than 0.10.
+    assert {c["vllm_release"] for c in older} == {"0.9"} and any(c["vllm_release"] == "0.10" for c in scored)
     assert len(scored) + len(older) == sum(1 for c in every if c["usable"])
