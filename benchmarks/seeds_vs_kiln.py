@@ -128,8 +128,9 @@ def main() -> int:
         print(f"{seed.name:46} {seed.published:>10,.0f} {ours:>10,.0f} {seed.published / ours:>6.2f}  {shown:>19}  "
               f"{verdict}")
         print(f"{'':46}   {seed.metric}; assumed: {seed.assumed}")
-        floor = prefill_floor_ms(plan, machine, profile, seed.workload, kiln.constants)
-        if seed.metric == "ttft_ms" and floor is not None:
+        floor = prefill_floor_ms(plan, machine, profile, seed.workload, kiln.constants) \
+            if seed.metric == "ttft_ms" else None
+        if floor is not None:
             print(f"{'':46}   the assumed prompts need {floor:,.0f} ms to prefill at the GPUs' peak FLOPs"
                   + (": the published TTFT is for fewer prompts at once" if seed.published < floor else ""))
     return 0
