@@ -32,6 +32,7 @@ pytestmark = pytest.mark.skipif(available() is not None, reason=available() or "
 KILN = str(Path(sys.executable).parent / "kiln")
 DOMAIN = "kiln.test"
 KEY = "kiln-acme-test-key-0123456789"
+TOKENS = 1500
 
 
 def user_data(directory: str) -> str:
@@ -105,36 +106,36 @@ def test_acme_issuance_then_renewal_with_a_stream_in_flight(tmp_path: Path, trav
             nginx_pid = next(s["pid"] for s in status()["services"] if s["name"] == "proxy")
 
             chunks: list[bytes] = []
-            streaming = threading.Event()
+            opened = threading.Event()
 
             def stream() -> None:
                 with requests.post(f"https://127.0.0.1:{ports['https']}/v1/completions", verify=False, stream=True,
                                    timeout=120, headers={"Authorization": f"Bearer {KEY}"},
-                                   json={"model": "tiny-cpu", "prompt": "kiln", "max_tokens": 1500,
-                                         "ignore_eos": True, "stream": True}) as r:
+                                   json={"model": "tiny-cpu", "prompt": "kiln", "max_tokens": TOKENS,
+                                         "ignore_eos": True, "stream": True,
+                                         "stream_options": {"include_usage": True}}) as r:
                     assert r.status_code == 200
-                    for line in r.iter_lines():
-                        if line:
-                            chunks.append(line)
-                            if len(chunks) == 3:
-                                streaming.set()
+                    opened.set()
+                    chunks.extend(line for line in r.iter_lines() if line)
 
-            # The engine is paused while the renewal happens, so the stream is surely in flight through it.
+            # The engine is paused before the request is sent: its response is open through nginx and none of its
+            # tokens can arrive until the engine resumes, after the renewal (a running engine can finish a whole
+            # stream before a reader that has seen its first tokens gets to pause it).
             engines = [p for p in psutil.Process(proc.pid).children(recursive=True)
                        if p.name().startswith("VLLM::")]
             assert engines
-            reader = threading.Thread(target=stream)
-            reader.start()
-            assert streaming.wait(60)
             for engine in engines:
                 engine.suspend()
+            reader = threading.Thread(target=stream)
             try:
+                reader.start()
+                assert opened.wait(60)
                 started = time.monotonic()
                 subprocess.run([KILN, "reload", "--renew-certificate", "--state-dir", str(state), "--health",
                                 health], check=True, capture_output=True, timeout=60)
                 renewed = wait("the renewal", lambda: served(ports["https"]).serial_number != first.serial_number,
                                120, proc)
-                stream_open = reader.is_alive()
+                stream_open, paused_at = reader.is_alive(), len(chunks)
             finally:
                 for engine in engines:
                     engine.resume()
@@ -144,9 +145,12 @@ def test_acme_issuance_then_renewal_with_a_stream_in_flight(tmp_path: Path, trav
             with capsys.disabled():
                 print(f"\n  measured: ACME renewal served {time.monotonic() - started:.1f} s after `kiln reload` "
                       f"({renewed:.1f} s of waiting); the stream begun before it "
-                      f"{'was still open then and ' if stream_open else ''}ended with {len(chunks)} events")
+                      f"{'was still open then, ' if stream_open else ''}had {paused_at} events then and ended with "
+                  f"{len(chunks)}")
             assert chunks and chunks[-1] == b"data: [DONE]"  # the stream in flight finished whole
-            assert stream_open
+            usage = json.loads(chunks[-2].removeprefix(b"data: "))["usage"]
+            assert usage["completion_tokens"] == TOKENS
+            assert stream_open and paused_at == 0
             assert next(s["pid"] for s in status()["services"] if s["name"] == "proxy") == nginx_pid
             assert psutil.pid_exists(nginx_pid)
             assert json.loads((state / "keys.json").read_text())["keys"][0]["key"] == KEY
