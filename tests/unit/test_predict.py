@@ -199,3 +199,26 @@ def test_the_boot_plan_and_status_carry_the_engines_figures_and_band(kiln: Kiln)
     assert predicted["engine"] == "kiln" and predicted["output_tokens_per_s"] > 0
     band = predicted["band"]
     assert band is not None and band["low"] < band["high"] and band["source"]
+
+
+def test_a_band_comes_from_the_most_specific_class_with_enough_cases(kiln: Kiln) -> None:
+    from kiln.planner.bands import MIN_CASES, band_for  # noqa: PLC0415
+    from kiln.setup.types import Constants  # noqa: PLC0415
+
+    machine, profile = kiln.machine("h100x1"), kiln.profile("qwen3-8b", None)
+    fitted = fit_plans(machine, profile, Choice(speculative_decoding=False), kiln.constants)
+    assert not isinstance(fitted, Refusal)
+
+    def band(classes: dict[str, dict[str, float]], concurrency: int) -> tuple[float, float, str] | None:
+        found = band_for(fitted[0], profile, Workload(1000, 200, concurrency=concurrency), 100.0,
+                         Constants({**kiln.constants.data, "bands": {"classes": classes}}), "hopper")
+        return None if found is None else (found.low, found.high, found.source)
+
+    few = {"low": 1.2, "high": 1.3, "cases": MIN_CASES - 1}
+    enough = {"low": 0.8, "high": 1.5, "cases": MIN_CASES}
+    assert band({"hopper/dense/low": few, "hopper/dense": enough}, 4) == pytest.approx(
+        (80.0, 150.0, f"hopper/dense: {MIN_CASES} public cases predicted out of sample"))
+    specific = band({"hopper/dense/low": {**few, "cases": MIN_CASES}}, 4)
+    assert specific is not None and specific[:2] == pytest.approx((120.0, 130.0))
+    assert band({"hopper/dense/low": few, "hopper/dense": enough}, 64) == band({"hopper/dense": enough}, 64)
+    assert band({"hopper/dense/low": few}, 4) is None

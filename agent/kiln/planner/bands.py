@@ -14,7 +14,9 @@ from kiln.perf.workload import Workload
 from kiln.profiles.schema import Profile
 from kiln.setup.types import Band, Constants, Plan
 
-MIN_CASES = 5  # a class with fewer cases borrows a coarser class's band
+# A class with fewer cases borrows a coarser class's band: the 10th and 90th percentiles of fewer than 10 ratios
+# are little more than their extremes, and a handful of cases is mostly one or two sources' setups.
+MIN_CASES = 10
 LOW_LOAD = 16  # requests per scheduler at or below which a case is "low" load: decode latency dominates
 
 
