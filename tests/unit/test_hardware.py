@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,8 +14,10 @@ from kiln.hardware.fixtures import fixture_names, load_fixture
 from kiln.hardware.model import Architecture
 from kiln.hardware.nvml import cpus_from_mask, cuda_version_text
 from kiln.hardware.specs import hbm_bandwidth_gb_s
+from kiln.validation import parse_yaml
 from kiln.wiring import Kiln
 
+RECORDED_H200 = Path(__file__).resolve().parents[1] / "data" / "recorded" / "h200-lent.yaml"
 DROPLET_FIXTURES = ["h100x1", "h100x8", "h200x1", "h200x8", "l40s", "rtx4000ada", "rtx6000ada", "b300x8"]
 
 
@@ -88,6 +91,31 @@ def test_unknown_gpu_bandwidth_is_derived_from_nvml_clocks(kiln: Kiln) -> None:
     assert gpu.spec.memory_bandwidth_gb_s == pytest.approx(3352, rel=0.01)
 
 
+def test_a_recorded_h200_reads_back_as_kilns_h200(kiln: Kiln) -> None:
+    """NVML's answers on a real H200 (a one-GPU virtual machine, recorded by kiln.hardware.record) detect as the
+    catalog's H200, and its bus width and memory clock give the datasheet's 4.8 TB/s."""
+    machine = kiln.machine(str(RECORDED_H200))
+    gpu = machine.gpus[0]
+    assert machine.gpu_count == 1 and gpu.spec.class_name == "h200" and gpu.architecture is Architecture.HOPPER
+    assert gpu.numa_node is None  # the VM answered NVML_ERROR_NOT_SUPPORTED
+    assert machine.accelerator_problem() is None and machine.cuda_driver_version
+    device = load_fixture_file(RECORDED_H200)["nvml"]["devices"][0]
+    derived = hbm_bandwidth_gb_s(device["nvmlDeviceGetMemoryBusWidth"], device["nvmlDeviceGetMaxClockInfo_MEM"])
+    assert derived == pytest.approx(gpu.spec.memory_bandwidth_gb_s, rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["h200x1", "h200x8"])
+def test_the_written_h200_fixtures_answer_as_the_recorded_h200(name: str) -> None:
+    """The GPU's own answers in the hand-written fixtures are the ones a real H200 gave."""
+    recorded = load_fixture_file(RECORDED_H200)["nvml"]["devices"][0]
+    for device in load_fixture(name)["nvml"]["devices"]:
+        for key in ("nvmlDeviceGetName", "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetMemoryBusWidth",
+                    "nvmlDeviceGetMaxClockInfo_MEM"):
+            assert device[key] == recorded[key], key
+        assert device["nvmlDeviceGetMemoryInfo"]["total"] == recorded["nvmlDeviceGetMemoryInfo"]["total"]
+        assert device["nvmlDeviceGetPciInfo"]["pciDeviceId"] == recorded["nvmlDeviceGetPciInfo"]["pciDeviceId"]
+
+
 def test_nvml_error_codes_are_answers_not_crashes(kiln: Kiln) -> None:
     data = load_fixture("h100x1")
     device = dict(data["nvml"]["devices"][0])
@@ -96,6 +124,10 @@ def test_nvml_error_codes_are_answers_not_crashes(kiln: Kiln) -> None:
     data["nvml"] = {**data["nvml"], "devices": [device]}
     gpu = detect_recorded(data, kiln.gpus).gpus[0]
     assert gpu.numa_node is None and gpu.mig_enabled is None
+
+
+def load_fixture_file(path: Path) -> dict[str, Any]:
+    return dict(parse_yaml(path.read_text(encoding="utf-8")))
 
 
 def test_helpers() -> None:
