@@ -17,7 +17,7 @@ from kiln.hardware.specs import hbm_bandwidth_gb_s
 from kiln.validation import parse_yaml
 from kiln.wiring import Kiln
 
-RECORDED_H200 = Path(__file__).resolve().parents[1] / "data" / "recorded" / "h200-lent.yaml"
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded"
 DROPLET_FIXTURES = ["h100x1", "h100x8", "h200x1", "h200x8", "l40s", "rtx4000ada", "rtx6000ada", "b300x8"]
 
 
@@ -91,23 +91,24 @@ def test_unknown_gpu_bandwidth_is_derived_from_nvml_clocks(kiln: Kiln) -> None:
     assert gpu.spec.memory_bandwidth_gb_s == pytest.approx(3352, rel=0.01)
 
 
-def test_a_recorded_h200_reads_back_as_kilns_h200(kiln: Kiln) -> None:
-    """NVML's answers on a real H200 (a one-GPU virtual machine, recorded by kiln.hardware.record) detect as the
-    catalog's H200, and its bus width and memory clock give the datasheet's 4.8 TB/s."""
-    machine = kiln.machine(str(RECORDED_H200))
-    gpu = machine.gpus[0]
-    assert machine.gpu_count == 1 and gpu.spec.class_name == "h200" and gpu.architecture is Architecture.HOPPER
-    assert gpu.numa_node is None  # the VM answered NVML_ERROR_NOT_SUPPORTED
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_a_recorded_gpu_reads_back_as_kilns_class(kiln: Kiln, gpu: str) -> None:
+    """NVML's answers on a real H100 and H200 (one-GPU virtual machines, recorded by kiln.hardware.record) detect
+    as the catalog's class, and their bus width and memory clock give the datasheet's bandwidth."""
+    machine = kiln.machine(str(RECORDED / f"{gpu}-lent.yaml"))
+    found = machine.gpus[0]
+    assert machine.gpu_count == 1 and found.spec.class_name == gpu and found.architecture is Architecture.HOPPER
+    assert found.numa_node is None  # the VM answered NVML_ERROR_NOT_SUPPORTED
     assert machine.accelerator_problem() is None and machine.cuda_driver_version
-    device = load_fixture_file(RECORDED_H200)["nvml"]["devices"][0]
+    device = load_fixture_file(RECORDED / f"{gpu}-lent.yaml")["nvml"]["devices"][0]
     derived = hbm_bandwidth_gb_s(device["nvmlDeviceGetMemoryBusWidth"], device["nvmlDeviceGetMaxClockInfo_MEM"])
-    assert derived == pytest.approx(gpu.spec.memory_bandwidth_gb_s, rel=0.01)
+    assert derived == pytest.approx(found.spec.memory_bandwidth_gb_s, rel=0.01)
 
 
-@pytest.mark.parametrize("name", ["h200x1", "h200x8"])
-def test_the_written_h200_fixtures_answer_as_the_recorded_h200(name: str) -> None:
-    """The GPU's own answers in the hand-written fixtures are the ones a real H200 gave."""
-    recorded = load_fixture_file(RECORDED_H200)["nvml"]["devices"][0]
+@pytest.mark.parametrize("name", ["h100x1", "h100x8", "h200x1", "h200x8"])
+def test_the_written_fixtures_answer_as_the_recorded_gpu(name: str) -> None:
+    """The GPU's own answers in the hand-written fixtures are the ones a real GPU of the class gave."""
+    recorded = load_fixture_file(RECORDED / f"{name[:4]}-lent.yaml")["nvml"]["devices"][0]
     for device in load_fixture(name)["nvml"]["devices"]:
         for key in ("nvmlDeviceGetName", "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetMemoryBusWidth",
                     "nvmlDeviceGetMaxClockInfo_MEM"):
