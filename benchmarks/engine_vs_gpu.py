@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.public_cases import MODELS, _gpu_memory_gib
+from benchmarks.public_cases import MODELS, gpu_memory_gib
 from kiln.perf.predict import efficiency, hardware, kiln_steps
 from kiln.perf.setup import Fixed, fixed_plan, machine_of
 from kiln.perf.steps import Efficiency, Hardware, RooflineSteps, Step
@@ -59,7 +59,7 @@ def _profile(kiln: Kiln, key: str) -> Profile:
 
 def kernels(kiln: Kiln, data: dict[str, Any], gpu: str) -> None:
     spec = kiln.gpus.specs[gpu]
-    machine = machine_of(spec, 1, _gpu_memory_gib(gpu))
+    machine = machine_of(spec, 1, gpu_memory_gib(kiln, gpu))
     e = efficiency(kiln.constants, "cuda", spec.architecture.value)
     mem = data["memory"]
     peak_bw = spec.memory_bandwidth_gb_s * 1e9

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kiln import datafiles
 from kiln.perf.predict import Forecast, forecast, kiln_steps
 from kiln.perf.setup import Fixed, fixed_plan, machine_of
 from kiln.perf.workload import Workload
@@ -71,8 +70,11 @@ def _profile(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -
         "serving": {"max_model_len": arch["max_position_embeddings"]}})
 
 
-def _gpu_memory_gib(gpu: str) -> float:
-    return float(datafiles.read_yaml("gpus.yaml")["gpus"][gpu]["memory_gib"])
+def gpu_memory_gib(kiln: Kiln, gpu: str) -> float:
+    """The datasheet memory of a GPU class (data/gpus.yaml)."""
+    memory = kiln.gpus.specs[gpu].memory_gib
+    assert memory is not None, f"data/gpus.yaml gives {gpu} no memory_gib"
+    return memory
 
 
 def vllm_defaults(memory_gib: float, gpu: str) -> tuple[int, int]:
@@ -101,7 +103,7 @@ def setup_of(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -
         return f"no GPU class {case['gpu']}"
     tp = int(case.get("tp") or 1)
     replicas = int(case.get("instances") or 1) * int(case.get("dp") or 1)
-    memory = _gpu_memory_gib(case["gpu"])
+    memory = gpu_memory_gib(kiln, case["gpu"])
     seqs, batched = vllm_defaults(memory, case["gpu"])
     w = case["workload"]
     fixed = Fixed(precision=case["precision"], tp=tp, instances=replicas,

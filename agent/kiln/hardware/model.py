@@ -40,6 +40,7 @@ class GpuSpec:
     nvlink_gb_s: float | None = None
     supported: bool = True
     unsupported_reason: str = ""
+    memory_gib: float | None = None  # the datasheet's memory per GPU; a machine's own GPUs report theirs
 
     def tflops(self, precision: str) -> float | None:
         return self.dense_tflops.get(precision)

@@ -27,6 +27,7 @@ class GpuCatalog:
                 nvlink_gb_s=None if entry.get("nvlink_gb_s") is None else float(entry["nvlink_gb_s"]),
                 supported=bool(entry.get("supported", True)),
                 unsupported_reason=str(entry.get("unsupported_reason", "")),
+                memory_gib=None if entry.get("memory_gib") is None else float(entry["memory_gib"]),
             )
             for name in entry["names"]:
                 names[name.lower()] = class_name
