@@ -23,6 +23,7 @@ from kiln.perf.predict import efficiency, hardware, kiln_steps
 from kiln.perf.setup import Fixed, fixed_plan, machine_of
 from kiln.perf.steps import Efficiency, Hardware, RooflineSteps, Step
 from kiln.profiles.schema import Profile
+from kiln.setup import capacity as cap
 from kiln.validation import parse_yaml
 from kiln.wiring import Kiln
 
@@ -86,6 +87,7 @@ def kernels(kiln: Kiln, data: dict[str, Any], gpu: str) -> None:
         engine = max(weights / bw, work / ((hw.flops or 0.0) * e.compute_moe))
         print(f"{row['shape']:30} {row['part']:>7} {row['tokens_per_expert']:7} {row['seconds'] * 1e6:12.1f} "
               f"{engine * 1e6:10.1f} {_ratio(row['seconds'], engine):>8} {weights / row['seconds'] / peak_bw:10.2f}")
+    vllm_moe(data, hw, e, peak_bw)
     print(f"\n{'attention (one layer)':48} {'measured us':>12} {'engine us':>10} {'meas/eng':>8}")
     for row in data["attention"]:
         if row["kind"] == "decode":
@@ -97,6 +99,24 @@ def kernels(kiln: Kiln, data: dict[str, Any], gpu: str) -> None:
             work = 2 * row["tokens"] ** 2 * row["heads"] * row["head_dim"]  # causal: half of 4 x T^2 x H x D
             what, engine = f"prefill {row['tokens']} tokens, causal", work / flops
         print(f"{what:48} {row['seconds'] * 1e6:12.1f} {engine * 1e6:10.1f} {_ratio(row['seconds'], engine):>8}")
+
+
+def vllm_moe(data: dict[str, Any], hw: Hardware, e: Efficiency, peak_bw: float) -> None:
+    """vLLM's own Triton MoE kernel (BF16): the engine reads the experts the tokens hit at its bandwidth share, or
+    computes their FLOPs at its MoE share of peak, whichever is longer."""
+    rows = data.get("vllm_moe", [])
+    if not rows:
+        return
+    print(f"\n{'vLLM MoE kernel, one layer':28} {'tokens':>6} {'config':>7} {'measured us':>12} {'engine us':>10} "
+          f"{'meas/eng':>8} {'of peak BW':>10}")
+    for row in rows:
+        per_expert = 3 * row["hidden"] * row["width"] * 2
+        hit = cap.experts_hit(row["experts"], row["top_k"], row["tokens"])
+        work = 2 * row["tokens"] * row["top_k"] * 3 * row["hidden"] * row["width"]
+        engine = max(hit * per_expert / (hw.bandwidth_bytes_s * e.memory), work / ((hw.flops or 0.0) * e.compute_moe))
+        print(f"{row['shape']:28} {row['tokens']:6} {row['config_source']:>7} {row['gemms_s'] * 1e6:12.1f} "
+              f"{engine * 1e6:10.1f} {_ratio(row['gemms_s'], engine):>8} "
+              f"{hit * per_expert / row['gemms_s'] / peak_bw:10.2f}")
 
 
 def steps(kiln: Kiln, data: dict[str, Any], gpu: str) -> None:

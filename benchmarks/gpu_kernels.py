@@ -1,10 +1,11 @@
-"""Time, on one GPU, the kernels kiln's engine prices with its roofline: dense GEMMs (BF16 and FP8) and the
-routed experts' grouped GEMMs at real models' shapes, decode and prefill attention, and whole decode steps of
-Llama 3.1 8B's shape (all-reduce free: one GPU), eager and as a CUDA graph.
+"""Time, on one GPU, the kernels kiln's engine prices with its roofline: dense GEMMs (BF16 and FP8), the routed
+experts' grouped GEMMs at real models' shapes (PyTorch's, and with --vllm-moe vLLM's own Triton kernel), decode and
+prefill attention, and whole decode and prefill steps (all-reduce free: one GPU), eager and as a CUDA graph.
 
-Needs PyTorch only (no vLLM, no kiln), so it runs on a bare GPU machine:
+Needs PyTorch (and Triton for --vllm-moe), no vLLM install and no kiln, so it runs on a bare GPU machine:
 
-    python benchmarks/gpu_kernels.py --out gpu_kernels.json
+    python -m benchmarks.gpu_kernels --out gpu_kernels.json \
+        [--vllm-moe SITE_PACKAGES/vllm/model_executor/layers/fused_moe/fused_moe.py]
 
 The JSON holds each shape and its measured seconds; `python -m benchmarks.engine_vs_gpu FILE` puts the engine's
 assumptions beside them. `--smoke` runs tiny shapes on the CPU to check the script itself.
@@ -20,6 +21,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +39,15 @@ EXPERT_SHAPES = {
     "deepseek-v3-tp8": (256, 7168, 256),
 }
 TOKENS_PER_EXPERT = (1, 4, 16, 64, 256)
+# vLLM's own Triton MoE kernel (--vllm-moe): (experts, hidden, intermediate per GPU, experts per token).
+VLLM_MOE_SHAPES = {
+    "qwen3-30b-a3b-tp1": (128, 2048, 768, 8),
+    "qwen3-235b-a22b-tp4": (128, 4096, 384, 8),
+    "qwen3-235b-a22b-tp8": (128, 4096, 192, 8),
+    "glm-4.6-tp8": (160, 5120, 192, 8),
+    "deepseek-v3-tp8": (256, 7168, 256, 8),
+}
+VLLM_MOE_TOKENS = (1, 8, 32, 128, 512, 1024, 4096, 8192)
 # Llama 3.1 8B: layers, hidden, query heads, KV heads, head dim, intermediate, vocabulary.
 LLAMA_8B = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "intermediate": 14336,
             "vocab": 128256}
@@ -140,6 +151,30 @@ def grouped_gemms(clock: Clock, device: torch.device, shapes: dict[str, tuple[in
                 out.append({"shape": name, "part": part, "experts": experts, "tokens_per_expert": m, "k": k,
                             "n": n, "kernel": kernel, "seconds": clock(run)})
         progress(f"experts {name}")
+    return out
+
+
+def vllm_moe(clock: Clock, device: torch.device, fused_moe_py: Path, shapes: dict[str, tuple[int, int, int, int]],
+             token_counts: tuple[int, ...], dtype: torch.dtype) -> list[dict[str, Any]]:
+    """One MoE layer's routed experts through vLLM's Triton kernel: its two GEMMs with the activation between,
+    and with the sum over each token's experts. The first shape is checked against plain PyTorch."""
+    from benchmarks.vllm_moe_kernel import VllmMoe, load  # noqa: PLC0415
+
+    kernels = load(fused_moe_py)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    out = []
+    for shape, (experts, hidden, width, top_k) in shapes.items():
+        for tokens in token_counts:
+            layer = VllmMoe(kernels, fused_moe_py, name, hidden, width, experts, top_k, tokens, device, dtype)
+            row: dict[str, Any] = {"shape": shape, "experts": experts, "hidden": hidden, "width": width,
+                                   "top_k": top_k, "tokens": tokens, "config": layer.config,
+                                   "config_source": layer.config_source,
+                                   "gemms_s": clock(layer.gemms), "layer_s": clock(layer.layer)}
+            if not out:
+                reference = layer.reference()
+                row["max_error"] = float((layer.layer().float() - reference).abs().max() / reference.abs().max())
+            out.append(row)
+        progress(f"vLLM MoE kernel {shape}")
     return out
 
 
@@ -319,6 +354,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks the script, not a GPU")
+    parser.add_argument("--vllm-moe", type=Path, metavar="FUSED_MOE_PY",
+                        help="also time vLLM's Triton MoE kernel, read from this vllm/model_executor/layers/fused_moe/"
+                             "fused_moe.py (with TRITON_INTERPRET=1 under --smoke)")
     args = parser.parse_args()
     if args.smoke:
         device, clock = torch.device("cpu"), Clock(torch.device("cpu"), 2)
@@ -330,6 +368,8 @@ def main() -> int:
         dense: dict[str, tuple[int, int]] = {"tiny": (256, 512)}
         experts: dict[str, tuple[int, int, int]] = {"tiny": (4, 128, 64)}
         dense_tokens, per_expert, batches, prompts = (1, 16), (1, 4), (1, 4), (64,)
+        moe_shapes: dict[str, tuple[int, int, int, int]] = {"tiny": (8, 64, 32, 2)}
+        moe_tokens, moe_dtype = (5, 40), torch.float16  # Triton's interpreter runs no bfloat16
         decode: tuple[tuple[int, int], ...] = ((2, 128),)
         prefill, context, copy_gib = 256, 128, 0.01
     else:
@@ -340,6 +380,7 @@ def main() -> int:
         arch, stacks, dense, dense_tokens = LLAMA_8B, STACKS, DENSE_SHAPES, DENSE_TOKENS
         experts, per_expert, decode, prefill = EXPERT_SHAPES, TOKENS_PER_EXPERT, DECODE_ATTENTION, PREFILL_TOKENS
         batches, context, prompts, copy_gib = STEP_BATCHES, STEP_CONTEXT, PROMPTS, 4
+        moe_shapes, moe_tokens, moe_dtype = VLLM_MOE_SHAPES, VLLM_MOE_TOKENS, torch.bfloat16
     torch.manual_seed(0)
     facts: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
                              "measured": time.strftime("%Y-%m-%d", time.gmtime())}
@@ -352,6 +393,8 @@ def main() -> int:
     progress("memory")
     result["dense"] = dense_gemms(clock, device, dense, dense_tokens)
     result["experts"] = grouped_gemms(clock, device, experts, per_expert)
+    if args.vllm_moe:
+        result["vllm_moe"] = vllm_moe(clock, device, args.vllm_moe, moe_shapes, moe_tokens, moe_dtype)
     result["attention"] = attention(clock, device, arch, decode, prefill)
     result["stacks"] = [stack_steps(clock, device, name, a, precision, batches, context, prompts)
                         for name, a, precision in stacks]
@@ -368,6 +411,12 @@ def main() -> int:
         flops = 2 * row["experts"] * row["tokens_per_expert"] * row["k"] * row["n"]
         print(f"experts {row['shape']:18} {row['part']:7} {row['tokens_per_expert']:4}/expert ({row['kernel']}): "
               f"{row['seconds'] * 1e6:9.1f} us {flops / row['seconds'] / 1e12:7.1f} TFLOP/s")
+    for row in result.get("vllm_moe", []):
+        flops = 2 * row["tokens"] * row["top_k"] * row["hidden"] * 3 * row["width"]
+        print(f"vLLM MoE kernel {row['shape']:20} {row['tokens']:5} tokens ({row['config_source']}): GEMMs "
+              f"{row['gemms_s'] * 1e6:9.1f} us, layer {row['layer_s'] * 1e6:9.1f} us "
+              f"{flops / row['gemms_s'] / 1e12:7.1f} TFLOP/s" + (
+                  f"; relative error {row['max_error']:.1e}" if "max_error" in row else ""))
     for row in result["attention"]:
         print(f"attention {json.dumps({k: v for k, v in row.items() if k != 'seconds'})}: "
               f"{row['seconds'] * 1e6:.1f} us")

@@ -86,6 +86,11 @@ def weight_bytes_per_gpu(profile: Profile, precision: str, tp: int, expert_ranks
     return (total - experts) // tp + experts // expert_ranks
 
 
+def experts_hit(experts: int, per_token: int, tokens: int) -> float:
+    """The expected number of distinct experts `tokens` tokens route to, each to `per_token` of `experts`."""
+    return experts * (1 - (1 - per_token / experts) ** max(tokens, 1))
+
+
 def active_weight_bytes(profile: Profile, precision: str, batch: int) -> float:
     """Bytes of weights one decode step reads: all dense weights, and for MoE the experts hit.
 
@@ -99,7 +104,7 @@ def active_weight_bytes(profile: Profile, precision: str, batch: int) -> float:
     arch = profile.architecture
     expert_share = (arch.params_total - arch.params_active) / arch.params_total
     per_expert_fraction = expert_share / max(moe.num_experts - moe.experts_per_token, 1)
-    hit = moe.num_experts * (1 - (1 - moe.experts_per_token / moe.num_experts) ** max(batch, 1))
+    hit = experts_hit(moe.num_experts, moe.experts_per_token, batch)
     unread_experts = max(moe.num_experts - hit, 0.0)
     return total * max(1 - unread_experts * per_expert_fraction, arch.params_active / arch.params_total)
 
