@@ -18,13 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.public_cases import MODELS, gpu_memory_gib
+from benchmarks.public_cases import gpu_memory_gib, model_profile
 from kiln.perf.predict import efficiency, hardware, kiln_steps
 from kiln.perf.setup import Fixed, fixed_plan, machine_of
 from kiln.perf.steps import Efficiency, Hardware, RooflineSteps, Step
-from kiln.profiles.schema import Profile
 from kiln.setup import capacity as cap
-from kiln.validation import parse_yaml
 from kiln.wiring import Kiln
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,17 +45,6 @@ def _ratio(measured: float, engine: float) -> str:
     return f"{measured / engine:6.2f}" if engine > 0 else "     -"
 
 
-def _profile(kiln: Kiln, key: str) -> Profile:
-    names = kiln.catalog().profiles
-    if key in names:
-        return names[key]
-    data = parse_yaml((MODELS / f"{key}.yaml").read_text())
-    arch = data["architecture"]
-    return Profile.model_validate({"name": key, "model": {"hf_id": data["hf_id"]}, "architecture": arch,
-                                   "checkpoints": {"bf16": {"hf_id": data["hf_id"]}},
-                                   "serving": {"max_model_len": arch["max_position_embeddings"]}})
-
-
 def kernels(kiln: Kiln, data: dict[str, Any], gpu: str) -> None:
     spec = kiln.gpus.specs[gpu]
     machine = machine_of(spec, 1, gpu_memory_gib(kiln, gpu))
@@ -71,10 +58,11 @@ def kernels(kiln: Kiln, data: dict[str, Any], gpu: str) -> None:
     print(f"\n{'dense GEMM':30} {'dtype':>5} {'tokens':>6} {'measured us':>12} {'engine us':>10} {'meas/eng':>8}"
           f" {'of peak':>8}")
     for row in data["dense"]:
-        bw, flops = _roof(hardware(machine, row["dtype"], 1, 1, kiln.constants), e)
+        dense_hw = hardware(machine, row["dtype"], 1, 1, kiln.constants)
+        bw, flops = _roof(dense_hw, e)
         work = 2 * row["m"] * row["k"] * row["n"]
         engine = max(row["k"] * row["n"] * BYTES[row["dtype"]] / bw, work / flops)
-        peak = hardware(machine, row["dtype"], 1, 1, kiln.constants).flops or 1.0
+        peak = dense_hw.flops or 1.0
         print(f"{row['shape']:30} {row['dtype']:>5} {row['m']:6} {row['seconds'] * 1e6:12.1f} {engine * 1e6:10.1f} "
               f"{_ratio(row['seconds'], engine):>8} {work / row['seconds'] / peak:8.2f}")
     print(f"\n{'routed experts (grouped GEMM)':30} {'part':>7} {'tok/exp':>7} {'measured us':>12} {'engine us':>10} "
@@ -125,7 +113,10 @@ def steps(kiln: Kiln, data: dict[str, Any], gpu: str) -> None:
     print(f"{'':46} {'graph':>10} {'eager':>11} {'kernels':>10} {'with fixed':>11}")
     for stack in data["stacks"]:
         key, tp = STACK_PROFILES[stack["name"]]
-        profile = _profile(kiln, key)
+        profile = model_profile(kiln, key, stack["precision"])
+        if isinstance(profile, str):
+            print(f"{stack['name']}: {profile}")
+            continue
         # Ample memory: a step's time does not depend on capacity, and a one-GPU share need not fit the whole model.
         machine = machine_of(spec, tp, AMPLE_GIB)
         plan = fixed_plan(machine, profile, Fixed(precision=stack["precision"], tp=tp), kiln.constants)

@@ -51,10 +51,11 @@ class Row:
         return float(predicted / self.measured - 1)
 
 
-def _profile(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -> Profile | str:
-    """The case's model: its catalog profile (`catalog`, read once by a caller that evaluates many cases), or its
-    architecture in tests/data/perf_models/."""
-    key = case["model"]
+def model_profile(kiln: Kiln, key: str, precision: str, checkpoint: str | None = None,
+                  catalog: Catalog | None = None) -> Profile | str:
+    """A model by its catalog profile's name (`catalog`, read once by a caller that looks up many), or its
+    architecture in tests/data/perf_models/ served from `checkpoint` (the architecture's own hf_id by default)
+    at `precision`; or why there is none."""
     names = (catalog or kiln.catalog()).profiles
     if key in names:
         return names[key]
@@ -63,11 +64,16 @@ def _profile(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -
         return f"no architecture for {key}"
     data = parse_yaml(path.read_text())
     arch = data["architecture"]
-    precision = case["precision"]
+    checkpoint = checkpoint or data["hf_id"]
     return Profile.model_validate({
-        "name": key, "model": {"hf_id": data.get("hf_id", case["hf_id"])}, "architecture": arch,
-        "checkpoints": {precision: {"hf_id": case["hf_id"]}},
+        "name": key, "model": {"hf_id": data.get("hf_id", checkpoint)}, "architecture": arch,
+        "checkpoints": {precision: {"hf_id": checkpoint}},
         "serving": {"max_model_len": arch["max_position_embeddings"]}})
+
+
+def _profile(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -> Profile | str:
+    """The case's model, served from the case's own checkpoint."""
+    return model_profile(kiln, case["model"], case["precision"], case["hf_id"], catalog)
 
 
 def gpu_memory_gib(kiln: Kiln, gpu: str) -> float:

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from kiln import datafiles
 from kiln.errors import ConfigError, NotFoundError
 from kiln.hardware.detect import detect_live, detect_recorded
-from kiln.hardware.fixtures import fixture_names, load_fixture
+from kiln.hardware.fixtures import fixture_names, load_fixture, load_recording
 from kiln.hardware.model import Architecture
 from kiln.hardware.nvml import cpus_from_mask, cuda_version_text
 from kiln.hardware.specs import hbm_bandwidth_gb_s
-from kiln.validation import parse_yaml
 from kiln.wiring import Kiln
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded"
@@ -100,7 +98,7 @@ def test_a_recorded_gpu_reads_back_as_kilns_class(kiln: Kiln, gpu: str) -> None:
     assert machine.gpu_count == 1 and found.spec.class_name == gpu and found.architecture is Architecture.HOPPER
     assert found.numa_node is None  # the VM answered NVML_ERROR_NOT_SUPPORTED
     assert machine.accelerator_problem() is None and machine.cuda_driver_version
-    device = load_fixture_file(RECORDED / f"{gpu}-lent.yaml")["nvml"]["devices"][0]
+    device = load_recording(RECORDED / f"{gpu}-lent.yaml")["nvml"]["devices"][0]
     derived = hbm_bandwidth_gb_s(device["nvmlDeviceGetMemoryBusWidth"], device["nvmlDeviceGetMaxClockInfo_MEM"])
     assert derived == pytest.approx(found.spec.memory_bandwidth_gb_s, rel=0.01)
 
@@ -108,7 +106,7 @@ def test_a_recorded_gpu_reads_back_as_kilns_class(kiln: Kiln, gpu: str) -> None:
 @pytest.mark.parametrize("name", ["h100x1", "h100x8", "h200x1", "h200x8"])
 def test_the_written_fixtures_answer_as_the_recorded_gpu(name: str) -> None:
     """The GPU's own answers in the hand-written fixtures are the ones a real GPU of the class gave."""
-    recorded = load_fixture_file(RECORDED / f"{name[:4]}-lent.yaml")["nvml"]["devices"][0]
+    recorded = load_recording(RECORDED / f"{name[:4]}-lent.yaml")["nvml"]["devices"][0]
     for device in load_fixture(name)["nvml"]["devices"]:
         for key in ("nvmlDeviceGetName", "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetMemoryBusWidth",
                     "nvmlDeviceGetMaxClockInfo_MEM"):
@@ -125,10 +123,6 @@ def test_nvml_error_codes_are_answers_not_crashes(kiln: Kiln) -> None:
     data["nvml"] = {**data["nvml"], "devices": [device]}
     gpu = detect_recorded(data, kiln.gpus).gpus[0]
     assert gpu.numa_node is None and gpu.mig_enabled is None
-
-
-def load_fixture_file(path: Path) -> dict[str, Any]:
-    return dict(parse_yaml(path.read_text(encoding="utf-8")))
 
 
 def test_helpers() -> None:
