@@ -152,8 +152,14 @@ def steps(kiln: Kiln, data: dict[str, Any], gpu: str) -> None:
 
 def main() -> int:
     path = Path(sys.argv[1]) if len(sys.argv) > 1 else MEASURED
-    data = json.loads(path.read_text())
-    device = data["device"]
+    try:
+        data = json.loads(path.read_text())
+        device = data["device"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = f"it holds no {exc}" if isinstance(exc, KeyError) else str(exc)
+        print(f"cannot read the timings: {why}; give a file `python -m benchmarks.gpu_kernels --out FILE` wrote, "
+              f"as {MEASURED}", file=sys.stderr)
+        return 2
     gpu = GPU_CLASS.get(device.get("gpu", ""))
     if gpu is None:
         print(f"{path}: no kiln GPU class for {device.get('gpu')!r}", file=sys.stderr)

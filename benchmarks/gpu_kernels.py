@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -154,13 +155,14 @@ def grouped_gemms(clock: Clock, device: torch.device, shapes: dict[str, tuple[in
     return out
 
 
-def vllm_moe(clock: Clock, device: torch.device, fused_moe_py: Path, shapes: dict[str, tuple[int, int, int, int]],
-             token_counts: tuple[int, ...], dtype: torch.dtype) -> list[dict[str, Any]]:
-    """One MoE layer's routed experts through vLLM's Triton kernel: its two GEMMs with the activation between,
-    and with the sum over each token's experts. The first shape is checked against plain PyTorch."""
-    from benchmarks.vllm_moe_kernel import VllmMoe, load  # noqa: PLC0415
+def vllm_moe(clock: Clock, device: torch.device, kernels: ModuleType, fused_moe_py: Path,
+             shapes: dict[str, tuple[int, int, int, int]], token_counts: tuple[int, ...],
+             dtype: torch.dtype) -> list[dict[str, Any]]:
+    """One MoE layer's routed experts through vLLM's Triton kernel (`kernels`, loaded from `fused_moe_py`, whose
+    configs/ give the tiles): its two GEMMs with the activation between, and with the sum over each token's experts.
+    The first shape is checked against plain PyTorch."""
+    from benchmarks.vllm_moe_kernel import VllmMoe  # noqa: PLC0415
 
-    kernels = load(fused_moe_py)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     out = []
     for shape, (experts, hidden, width, top_k) in shapes.items():
@@ -358,6 +360,15 @@ def main() -> int:
                         help="also time vLLM's Triton MoE kernel, read from this vllm/model_executor/layers/fused_moe/"
                              "fused_moe.py (with TRITON_INTERPRET=1 under --smoke)")
     args = parser.parse_args()
+    kernels = None
+    if args.vllm_moe:
+        from benchmarks.vllm_moe_kernel import load  # noqa: PLC0415
+
+        try:
+            kernels = load(args.vllm_moe)
+        except (OSError, SyntaxError, ValueError, ImportError) as exc:
+            parser.error(f"--vllm-moe {args.vllm_moe}: {exc}; give an installed vLLM's "
+                         "vllm/model_executor/layers/fused_moe/fused_moe.py (Triton installed)")
     if args.smoke:
         device, clock = torch.device("cpu"), Clock(torch.device("cpu"), 2)
         tiny = {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "vocab": 1024}
@@ -393,8 +404,8 @@ def main() -> int:
     progress("memory")
     result["dense"] = dense_gemms(clock, device, dense, dense_tokens)
     result["experts"] = grouped_gemms(clock, device, experts, per_expert)
-    if args.vllm_moe:
-        result["vllm_moe"] = vllm_moe(clock, device, args.vllm_moe, moe_shapes, moe_tokens, moe_dtype)
+    if kernels is not None:
+        result["vllm_moe"] = vllm_moe(clock, device, kernels, args.vllm_moe, moe_shapes, moe_tokens, moe_dtype)
     result["attention"] = attention(clock, device, arch, decode, prefill)
     result["stacks"] = [stack_steps(clock, device, name, a, precision, batches, context, prompts)
                         for name, a, precision in stacks]

@@ -52,3 +52,18 @@ def test_every_recorded_timing_has_the_engines_figure_beside_it(capsys: pytest.C
     assert len(priced) == len(steps)
     assert all(float(line.split()[-1]) > 0 for line in priced)
     assert f"of the {bandwidth} GB/s datasheet" in printed
+
+
+def test_a_file_that_is_not_a_recording_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "empty.json").write_text("{}")
+    (tmp_path / "text.json").write_text("not json")
+    for path in (tmp_path / "missing.json", tmp_path / "empty.json", tmp_path / "text.json"):
+        monkeypatch.setattr(sys, "argv", ["engine_vs_gpu", str(path)])
+        assert engine_vs_gpu.main() == 2
+        err = capsys.readouterr().err
+        assert err.startswith("cannot read the timings: ") and "Traceback" not in err and err.count("\n") == 1
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.gpu_kernels", "--smoke", "--out", str(tmp_path / "o"),
+                          "--vllm-moe", str(REPO / "README.md")], check=False, capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert bad.returncode == 2 and "--vllm-moe" in bad.stderr and "Traceback" not in bad.stderr
