@@ -125,14 +125,18 @@ def setup_of(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -
 
 
 def workload_of(case: dict[str, Any]) -> Workload:
+    """The case's load, at its measured mean lengths; a ShareGPT run's outputs spread as ShareGPT's do."""
     w = case["workload"]
     rate = w.get("request_rate")
     concurrency = w.get("concurrency")
     prompts = int(w.get("num_prompts") or concurrency or 1000)
+    dataset = "sharegpt" if w.get("dataset") == "sharegpt" else None
     if concurrency and (rate in (None, "inf") or (isinstance(rate, float) and math.isinf(rate))):
-        return Workload(int(w["input_len"]), int(w["output_len"]), concurrency=int(concurrency), num_prompts=prompts)
+        return Workload(int(w["input_len"]), int(w["output_len"]), concurrency=int(concurrency), num_prompts=prompts,
+                        dataset=dataset)
     return Workload(int(w["input_len"]), int(w["output_len"]),
-                    request_rate=math.inf if rate in (None, "inf") else float(rate), num_prompts=prompts)
+                    request_rate=math.inf if rate in (None, "inf") else float(rate), num_prompts=prompts,
+                    dataset=dataset)
 
 
 # The oldest vLLM release whose measurements count: kiln pins 0.32, and cases from before 0.10 (mid-2025: ROCm's 0.9.1
@@ -208,7 +212,8 @@ def evaluate(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -
                  f"{' kv-fp8' if plan.kv_cache_dtype == 'fp8' else ''}{' spec' if spec else ''}")
     row.workload += f" {workload.load}"
     spec_case = case.get("speculative") or {}
-    result: Forecast = forecast(plan, workload, kiln_steps(plan, machine, profile, kiln.constants), kiln.constants,
+    steps = kiln_steps(plan, machine, profile, kiln.constants, release(case))
+    result: Forecast = forecast(plan, workload, steps, kiln.constants,
                                 emitted=spec_case.get("acceptance_length") if isinstance(spec_case, dict) else None)
     row.kiln = result.output_tokens_per_s if metric == "output" else result.total_tokens_per_s
     row.kiln_tpot_ms = result.tpot_ms["p50"]

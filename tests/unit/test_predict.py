@@ -12,12 +12,14 @@ from tests.cli import run_kiln
 
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice, validate_fields
-from kiln.perf.predict import forecast, kiln_steps
-from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, WorkloadSpec, resolve
+from kiln.perf.predict import forecast, hardware, kiln_steps
+from kiln.perf.setup import machine_of
+from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, WorkloadSpec, resolve, spread_lengths
 from kiln.planner.plan import fit_plans
 from kiln.planner.search import OUTPUT_TIE, Choosing, choose
 from kiln.render.vllm import Runtime
 from kiln.serve.decide import decide
+from kiln.setup import capacity as cap
 from kiln.setup.types import Refusal
 from kiln.wiring import Kiln
 
@@ -133,6 +135,52 @@ def test_only_full_attention_layers_attend_to_the_whole_context(kiln: Kiln) -> N
     assert steps._attention_flops(chunk) == pytest.approx(all_full._attention_flops(chunk) * full_share)
 
 
+def test_the_vocabulary_costs_a_lookup_per_token_and_the_lm_head_only_where_logits_are_sampled(kiln: Kiln) -> None:
+    """Of two models with the same parameters, the one with more of them in its vocabulary prefills faster: the
+    input embedding is a gather and the LM head runs on each prompt's last token; decoding, where every token is
+    sampled, reads a separate input table row by row, not whole."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from kiln.perf.steps import RooflineSteps, Step  # noqa: PLC0415
+
+    machine, profile = kiln.machine("h100x1"), kiln.profile("llama-3.1-8b-instruct", None)
+    fitted = fit_plans(machine, profile, Choice(quantization="bf16", speculative_decoding=False), kiln.constants)
+    assert not isinstance(fitted, Refusal)
+    steps = kiln_steps(fitted[0], machine, profile, kiln.constants)
+    assert isinstance(steps, RooflineSteps) and not profile.architecture.tie_word_embeddings
+    arch = profile.architecture
+    wide = replace(steps, profile=profile.model_copy(update={
+        "architecture": arch.model_copy(update={"vocab_size": 4 * arch.vocab_size})}))
+    prompt = Step(0, 0.0, prefill_tokens=8192, prefill_context=8192 * 4096.0, prefill_seqs=1)
+    # The wide model has 3 x 2 x vocab x hidden = 45% of the narrow one's matmul parameters fewer per prompt token.
+    assert wide.seconds(prompt) < 0.75 * steps.seconds(prompt)
+    assert Step(4, 400.0, prefill_tokens=300, prefill_seqs=3, tokens_per_seq=3).sampled == 4 * 3 + 3
+    decode = Step(1, 1000.0)
+    read = cap.weight_bytes(profile, "bf16") - arch.vocab_size * arch.hidden_size * 2
+    assert steps.seconds(decode) > read / (steps.hardware.bandwidth_bytes_s * steps.efficiency.memory)
+    assert steps.seconds(decode) < (read + arch.vocab_size * arch.hidden_size) / (
+        steps.hardware.bandwidth_bytes_s * steps.efficiency.memory) + 0.003
+
+
+def test_fp8_experts_run_as_the_vllm_release_measured_them(kiln: Kiln) -> None:
+    """vLLM's block-scaled FP8 MoE kernel took as long as BF16's in 0.19 and 0.7 of it in 0.24 (AIConfigurator's
+    tables); FP8 dense layers keep FP8's peak, and GPUs without FP8 tensor cores compute at BF16's."""
+    h100 = kiln.machine("h100x8")
+    bf16_peak = h100.gpus[0].spec.tflops("bf16") * 1e12
+    kilns_own = hardware(h100, "fp8", 8, 1, kiln.constants)
+    assert kilns_own.flops == pytest.approx(2 * bf16_peak, rel=0.01)
+    assert kilns_own.expert_flops == pytest.approx(bf16_peak / 0.7)
+    assert hardware(h100, "fp8", 8, 1, kiln.constants, (0, 11)).expert_flops == pytest.approx(bf16_peak)
+    assert hardware(h100, "fp8", 8, 1, kiln.constants, (0, 26)).expert_flops == pytest.approx(bf16_peak / 0.7)
+    assert hardware(h100, "bf16", 8, 1, kiln.constants).expert_flops == pytest.approx(bf16_peak)
+    l40s = kiln.machine("l40s")  # Ada: FP8 tensor cores too
+    assert hardware(l40s, "fp8", 1, 1, kiln.constants).expert_flops == pytest.approx(
+        l40s.gpus[0].spec.tflops("bf16") * 1e12 / 0.7)
+    a100 = machine_of(kiln.gpus.specs["a100-80gb"], 8, 80)  # no FP8 tensor cores: FP8 weights, BF16 math
+    assert hardware(a100, "fp8", 8, 1, kiln.constants).expert_flops == hardware(a100, "fp8", 8, 1,
+                                                                                kiln.constants).flops
+
+
 def test_the_search_meets_the_budget_and_explains_with_predictions(kiln: Kiln) -> None:
     machine, profile = kiln.machine("h100x8"), kiln.profile("llama-3.3-70b-instruct", None)
     work = resolve(WorkloadSpec(preset="chat"))
@@ -222,3 +270,23 @@ def test_a_band_comes_from_the_most_specific_class_with_enough_cases(kiln: Kiln)
     assert specific is not None and specific[:2] == pytest.approx((120.0, 130.0))
     assert band({"hopper/dense/low": few, "hopper/dense": enough}, 64) == band({"hopper/dense": enough}, 64)
     assert band({"hopper/dense/low": few}, 4) is None
+
+
+def test_a_datasets_outputs_spread_as_its_own_do_and_its_tail_sets_an_all_at_once_run(kiln: Kiln) -> None:
+    quantiles = kiln.constants.get("datasets", "sharegpt", "output_len_quantiles")
+    lengths = spread_lengths(200, 1000, quantiles)
+    assert len(lengths) == 1000 and sum(lengths) / 1000 == pytest.approx(200, rel=0.005)
+    assert sorted(lengths)[500] == pytest.approx(0.898 * 200, rel=0.02)  # ShareGPT's median is 0.9x its mean
+    assert 3.2 * 200 < max(lengths) < 5.2 * 200  # and its longest first reply 5.1x
+    assert lengths == spread_lengths(200, 1000, quantiles) and lengths != tuple(sorted(lengths))
+
+    machine, profile = kiln.machine("h100x8"), kiln.profile("qwen3-8b", None)
+    fitted = fit_plans(machine, profile, Choice(tensor_parallel_size=1), kiln.constants)
+    assert not isinstance(fitted, Refusal)
+    plan = fitted[0]
+    steps = kiln_steps(plan, machine, profile, kiln.constants)
+    at_once = forecast(plan, Workload(230, 200, request_rate=math.inf, dataset="sharegpt"), steps, kiln.constants)
+    means = forecast(plan, Workload(230, 200, request_rate=math.inf), steps, kiln.constants)
+    # Every request at once: the run lasts until the longest reply ends, with few left to batch by then.
+    assert at_once.output_tokens_per_s < 0.9 * means.output_tokens_per_s
+    assert any("outputs spread as the dataset's" in note for note in at_once.notes)

@@ -112,3 +112,13 @@ def test_percentiles_match_numpys_linear_rule_and_weights_count() -> None:
     assert percentile([1, 2, 3, 4], 90) == pytest.approx(3.7)
     assert percentile([1.0, 10.0], 50, weights=[9, 1]) == 1.0
     assert percentile([], 50) == 0.0
+
+
+def test_each_request_generates_its_own_length_and_the_longest_sets_the_duration() -> None:
+    lengths = (5, 40, 10, 7)
+    out = simulate(Linear(), ROOMY, Load(100, 15, num_prompts=4, concurrency=4, output_lens=lengths))
+    assert out.completed == 4 and out.output_tokens == pytest.approx(sum(lengths))
+    assert out.duration_s == pytest.approx(max(lengths) * 0.010)  # one prefill step, then one token per step
+    assert sorted(out.tpot_s) == pytest.approx([0.010] * 4)  # each divided by its own length
+    fixed = simulate(Linear(), ROOMY, Load(100, 15, num_prompts=4, concurrency=4))
+    assert fixed.output_tokens == pytest.approx(4 * 15) and fixed.duration_s == pytest.approx(15 * 0.010)

@@ -13,7 +13,7 @@ from typing import Any
 from kiln.hardware.model import Machine
 from kiln.perf.simulate import Drafting, Limits, Load, Outcome, percentile, poisson_arrivals, simulate
 from kiln.perf.steps import Efficiency, Hardware, RooflineSteps, StepModel, speculative_tokens_per_step
-from kiln.perf.workload import Workload
+from kiln.perf.workload import Workload, spread_lengths
 from kiln.profiles.schema import Profile
 from kiln.setup.types import Constants, Plan
 
@@ -64,14 +64,16 @@ def efficiency(c: Constants, device: str, architecture: str | None = None) -> Ef
     roof = c.get("roofline") if device == "cuda" else c.get("cpu")
     compute = roof.get("compute_efficiency_by_architecture", {}).get(architecture, roof["compute_efficiency"])
     return Efficiency(memory=roof["memory_bandwidth_efficiency"], compute=compute,
-                      compute_moe=roof.get("moe_compute_efficiency", roof["compute_efficiency"]),
+                      compute_moe=roof.get("moe_compute_efficiency", compute),
                       step_overhead_s=roof["step_overhead_s"], overhead_per_layer_s=roof["overhead_per_layer_s"],
                       overhead_per_seq_s=roof["overhead_per_seq_s"],
                       overhead_per_rank_s=roof.get("overhead_per_rank_s", 0.0))
 
 
-def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Constants) -> Hardware:
-    """Peak figures of the GPUs (or CPU cores) one instance runs on."""
+def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Constants,
+             release: tuple[int, int] | None = None) -> Hardware:
+    """Peak figures of the GPUs (or CPU cores) one instance runs on, for the vLLM `release` that serves (None:
+    kiln's own, newer than every measurement)."""
     if not machine.gpus:
         cpu = c.get("cpu")
         return Hardware(cpu["memory_bandwidth_gb_s"] * 1e9 / instances,
@@ -79,6 +81,10 @@ def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Const
     spec = machine.gpus[0].spec
     key = {"nvfp4": "fp4", "mxfp4": "fp4", "int4": "bf16"}.get(precision, precision)
     tflops = spec.tflops(key) or spec.tflops("bf16")
+    expert_tflops = tflops
+    bf16 = spec.tflops("bf16")
+    if key == "fp8" and spec.tflops("fp8") and bf16:
+        expert_tflops = bf16 / fp8_expert_time_vs_bf16(c, release)
     nvlink = machine.gpu_count > 1 and all(machine.linked(0, j) for j in range(machine.gpu_count))
     link = "nvlink" if nvlink else "pcie"
     link_gb_s = spec.nvlink_gb_s / 2 if nvlink and spec.nvlink_gb_s else c.get("roofline", "pcie_gb_s")
@@ -86,7 +92,18 @@ def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Const
     table = tuple((int(n), tuple((int(x), float(y)) for x, y in points)) for n, points in tables.items())
     return Hardware(spec.memory_bandwidth_gb_s * 1e9, tflops * 1e12 if tflops else None,
                     c.get("roofline", "allreduce_latency_s", link) if tp > 1 else 0.0, link_gb_s * 1e9,
-                    allreduce_us=table, sparse_mla_min_heads=int(c.get("roofline").get("sparse_mla_min_heads", 0)))
+                    allreduce_us=table, sparse_mla_min_heads=int(c.get("roofline").get("sparse_mla_min_heads", 0)),
+                    expert_flops=expert_tflops * 1e12 if expert_tflops else None)
+
+
+def fp8_expert_time_vs_bf16(c: Constants, release: tuple[int, int] | None) -> float:
+    """How long vLLM's fused MoE kernel takes over FP8 experts, against BF16 ones, in the given release: the entry
+    of the newest measured release at or before it (the oldest for older ones; the newest for kiln's own)."""
+    table = sorted((tuple(int(x) for x in str(k).split(".")[:2]), float(v))
+                   for k, v in c.get("roofline", "fp8_expert_time_vs_bf16").items())
+    if release is None:
+        return table[-1][1]
+    return next((v for r, v in reversed(table) if r <= release), table[0][1])
 
 
 def drafting(plan: Plan, c: Constants) -> Drafting | None:
@@ -98,13 +115,15 @@ def drafting(plan: Plan, c: Constants) -> Drafting | None:
     return Drafting(k, speculative_tokens_per_step(acceptance, k))
 
 
-def kiln_steps(plan: Plan, machine: Machine, profile: Profile, c: Constants) -> StepModel:
-    """kiln's own engine for this plan's instances."""
+def kiln_steps(plan: Plan, machine: Machine, profile: Profile, c: Constants,
+               release: tuple[int, int] | None = None) -> StepModel:
+    """kiln's own engine for this plan's instances, served by vLLM `release` (None: kiln's own)."""
     draft = drafting(plan, c)
     e = plan.engine
     return RooflineSteps(profile, plan.quantization, plan.tensor_parallel_size,
                          plan.predicted.kv_bytes_per_token_per_gpu,
-                         hardware(machine, plan.quantization, plan.tensor_parallel_size, len(plan.instances), c),
+                         hardware(machine, plan.quantization, plan.tensor_parallel_size, len(plan.instances), c,
+                                  release),
                          efficiency(c, e.device, machine.gpus[0].architecture.value if machine.gpus else None),
                          draft.tokens if draft else 0,
                          data_parallel=e.data_parallel_size, expert_parallel=e.enable_expert_parallel)
@@ -118,23 +137,28 @@ def limits(plan: Plan) -> Limits:
                   plan.predicted.kv_cache_tokens_per_instance // e.schedulers, e.enable_prefix_caching)
 
 
-def loads(workload: Workload, instances: int) -> list[Load]:
-    """What each instance receives when the router spreads the workload evenly."""
+def loads(workload: Workload, instances: int, c: Constants) -> list[Load]:
+    """What each instance receives when the router spreads the workload evenly. A dataset with a known spread
+    (data/planner.yaml `datasets`) gives each request its own output length."""
+    dataset = c.data.get("datasets", {}).get(workload.dataset, {}) if workload.dataset else {}
+    quantiles = dataset.get("output_len_quantiles")
     out = []
     for i in range(instances):
         prompts = workload.num_prompts // instances + (1 if i < workload.num_prompts % instances else 0)
+        if prompts == 0:
+            continue
+        spread = spread_lengths(workload.output_len, prompts, quantiles) if quantiles else ()
         if workload.concurrency is not None:
             conc = workload.concurrency // instances + (1 if i < workload.concurrency % instances else 0)
-            if conc == 0 or prompts == 0:
+            if conc == 0:
                 continue
             out.append(Load(workload.input_len, workload.output_len, prompts, concurrency=conc,
-                            prefix_len=workload.prefix_len))
+                            prefix_len=workload.prefix_len, output_lens=spread))
         else:
             rate = (workload.request_rate or math.inf) / instances
-            if prompts == 0:
-                continue
             out.append(Load(workload.input_len, workload.output_len, prompts,
-                            arrivals=poisson_arrivals(rate, prompts, seed=i), prefix_len=workload.prefix_len))
+                            arrivals=poisson_arrivals(rate, prompts, seed=i), prefix_len=workload.prefix_len,
+                            output_lens=spread))
     return out
 
 
@@ -167,18 +191,18 @@ def forecast(plan: Plan, workload: Workload, steps: StepModel, c: Constants, emi
     """Simulate every instance of `plan` under its share of `workload` with `steps`' step times.
 
     `emitted` replaces the tokens a verify step keeps on average, where the drafts' acceptance was measured."""
-    per_instance = loads(workload, len(plan.instances) * plan.engine.schedulers)
+    per_instance = loads(workload, len(plan.instances) * plan.engine.schedulers, c)
     if not per_instance:
         raise ValueError("the workload sends no requests")
     draft = drafting(plan, c)
     if draft and emitted:
         draft = Drafting(draft.tokens, float(emitted))
     lim = limits(plan)
-    cache: dict[tuple[int | None, int, tuple[float, ...]], Outcome] = {}
+    cache: dict[tuple[int | None, int, tuple[float, ...], tuple[int, ...]], Outcome] = {}
     outcomes = []
     for load in per_instance:
         # Instances sent the same requests at the same times serve them alike: simulate one of them.
-        key = (load.concurrency, load.num_prompts, load.arrivals) if load.concurrency or not any(
+        key = (load.concurrency, load.num_prompts, load.arrivals, load.output_lens) if load.concurrency or not any(
             load.arrivals) else None
         if key is not None and key in cache:
             outcomes.append(cache[key])
@@ -189,7 +213,8 @@ def forecast(plan: Plan, workload: Workload, steps: StepModel, c: Constants, emi
         outcomes.append(outcome)
     notes = []
     if workload.dataset:
-        notes.append(f"{workload.dataset}: every request at the dataset's mean lengths; its spread widens the tails")
+        spread = "outputs spread as the dataset's" if per_instance[0].output_lens else "outputs at the mean"
+        notes.append(f"{workload.dataset}: prompts at the dataset's mean length, {spread}")
     if draft:
         notes.append(f"speculative decoding: {draft.emitted:.2f} tokens per verify step of {draft.tokens} drafts")
     peak = max(o.peak_running for o in outcomes)

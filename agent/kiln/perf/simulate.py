@@ -4,7 +4,8 @@ Each step (vllm/v1/core/sched/scheduler.py): running requests first, in order (e
 token, or k+1 when drafts are verified; a prompt being prefilled its next chunk), then waiting requests in
 arrival order while `max_num_seqs`, the `max_num_batched_tokens` budget and free KV blocks allow. A request
 whose prompt starts with an already cached prefix skips those tokens (prefix caching). When decoding outgrows
-the KV cache, the newest request is preempted and later recomputed, as vLLM's default preemption does.
+the KV cache, the newest request is preempted and later recomputed, as vLLM's default preemption does. Requests
+generate `output_len` tokens each, or each its own length where the load lists them (a dataset's spread).
 
 Decoding sequences all advance together, so their progress is one shared counter and each step costs
 O(log n) work; long stretches with nothing to schedule are taken in one jump.
@@ -49,6 +50,10 @@ class Load:
     concurrency: int | None = None
     arrivals: tuple[float, ...] = ()
     prefix_len: int = 0
+    output_lens: tuple[int, ...] = ()  # each request's output, in the order they are sent; empty: all output_len
+
+    def output_of(self, index: int) -> int:
+        return self.output_lens[index % len(self.output_lens)] if self.output_lens else self.output_len
 
 
 @dataclass
@@ -74,6 +79,7 @@ class _Request:
     arrival: float
     prompt: int  # tokens to prefill: the prompt, or prompt and output so far when recomputed after preemption
     own: int  # KV tokens it holds alone (a cached shared prefix is held once for all)
+    output: int  # tokens it generates in all
     done: int = 0  # prompt tokens in the KV cache (computed, or found in the prefix cache)
     computed: int = 0  # of those, computed by this request
     first_token: float | None = None
@@ -121,10 +127,11 @@ class _Engine:
     def send(self, at: float) -> None:
         if self.sent >= self.load.num_prompts:
             return
+        output = self.load.output_of(self.sent)
         self.sent += 1
         self.out.input_tokens += self.load.input_len
         queue = self.waiting if at <= self.t + EPS else self.future
-        queue.append(_Request(at, self.load.input_len, self.load.input_len))
+        queue.append(_Request(at, self.load.input_len, self.load.input_len, output))
 
     def arrive(self) -> None:
         while self.future and self.future[0].arrival <= self.t + EPS:
@@ -160,8 +167,8 @@ class _Engine:
             newest.alive = False
             generated = newest.generated + (self.counter - newest.start)
             prompt = self.load.input_len + math.floor(generated)
-            self.waiting.appendleft(_Request(newest.arrival, prompt, prompt, first_token=newest.first_token,
-                                             generated=generated))
+            self.waiting.appendleft(_Request(newest.arrival, prompt, prompt, newest.output,
+                                             first_token=newest.first_token, generated=generated))
             self.out.preemptions += 1
             growth -= self.tokens_per_seq
 
@@ -186,7 +193,8 @@ class _Engine:
                 self.t = max(self.t, self.future[0].arrival)
             return
         step = Step(self.decoding_n, self.context_base + self.decoding_n * self.counter, sum(c for _, c in chunks),
-                    sum(c * (r.done + c / 2) for r, c in chunks), self.tokens_per_seq if self.decoding_n else 1)
+                    sum(c * (r.done + c / 2) for r, c in chunks), self.tokens_per_seq if self.decoding_n else 1,
+                    prefill_seqs=len(chunks))
         dt = self.model.seconds(step)
         self.t += dt
         self.out.steps += 1
@@ -219,7 +227,7 @@ class _Engine:
         self.context_base += r.base
         self.decoding_n += 1
         self.seq += 1
-        heapq.heappush(self.decoding, (self.counter + max(self.load.output_len - r.generated, 0.0), self.seq, r))
+        heapq.heappush(self.decoding, (self.counter + max(r.output - r.generated, 0.0), self.seq, r))
 
     def finish(self) -> None:
         while self.decoding and self.decoding[0][0] <= self.counter + EPS:
@@ -230,8 +238,8 @@ class _Engine:
             self.out.completed += 1
             first = r.first_token if r.first_token is not None else self.t
             self.out.ttft_s.append(first - r.arrival)
-            if self.load.output_len > 1:
-                self.out.tpot_s.append((self.t - first) / (self.load.output_len - 1))
+            if r.output > 1:
+                self.out.tpot_s.append((self.t - first) / (r.output - 1))
             if self.load.concurrency is not None:
                 self.send(self.t)
 

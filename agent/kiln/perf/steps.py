@@ -74,10 +74,18 @@ class Step:
     prefill_tokens: int = 0
     prefill_context: float = 0.0  # over prefilled tokens, the sum of the positions each attends to
     tokens_per_seq: int = 1  # k + 1 when speculative decoding verifies k drafts
+    prefill_seqs: int = 0  # prompts the prefill tokens belong to (0: one, where there are prefill tokens)
 
     @property
     def tokens(self) -> int:
         return self.decode_seqs * self.tokens_per_seq + self.prefill_tokens
+
+    @property
+    def sampled(self) -> int:
+        """Positions the LM head computes logits for: every decoding token, and the last of each prompt chunk
+        (vllm/v1/worker/gpu_model_runner.py, logits_indices)."""
+        prompts = (self.prefill_seqs or 1) if self.prefill_tokens else 0
+        return self.decode_seqs * self.tokens_per_seq + prompts
 
 
 class StepModel(Protocol):
@@ -99,6 +107,7 @@ class Hardware:
     link_bytes_s: float  # one direction of the GPU-to-GPU link
     allreduce_us: AllreduceTable = ()  # measured all-reduce times over this machine's links, when kiln has them
     sparse_mla_min_heads: int = 0  # query heads a sparse-MLA decode kernel runs per GPU at least (padding)
+    expert_flops: float | None = None  # the routed experts' kernel's peak, where not the weights' precision's
 
 
 @dataclass(frozen=True)
@@ -117,8 +126,8 @@ class Efficiency:
 @dataclass(frozen=True)
 class RooflineSteps:
     """kiln's engine: a step is bounded by memory (weights read once, every sequence's KV cache) or by tensor
-    cores (2 FLOPs per active parameter per token, plus attention), plus the all-reduces of tensor parallelism
-    and a fixed cost per step."""
+    cores (2 FLOPs per active parameter per token, the LM head's only where logits are sampled, plus attention),
+    plus the all-reduces of tensor parallelism and a fixed cost per step."""
 
     profile: Profile
     precision: str
@@ -145,7 +154,7 @@ class RooflineSteps:
     def seconds(self, step: Step) -> float:
         arch, roof = self.profile.architecture, self._roof()
         tokens = step.tokens
-        weights = self._weights_read(max(tokens, 1))
+        weights = self._weights_read(max(tokens, 1)) - self._input_embedding_bytes()
         # Decoding reads each sequence's cache once per step; a prefill chunk reads its own earlier cache.
         prefill_reads = step.prefill_context / max(step.prefill_tokens, 1) if step.prefill_tokens else 0.0
         kv = self._kv_read(step.decode_seqs, step.decode_context) + prefill_reads * self.kv_bytes_per_token_gpu
@@ -153,10 +162,13 @@ class RooflineSteps:
         compute_s = 0.0
         if roof.flops:
             expert = self._active_expert_params()
-            dense = tokens * 2 * (arch.params_active - expert) / self.tp
+            table = arch.vocab_size * arch.hidden_size
+            per_token = max(arch.params_active - expert - table * (1 if arch.tie_word_embeddings else 2), 0)
+            dense = (tokens * per_token + step.sampled * table) * 2 / self.tp
             experts = tokens * 2 * expert / self.tp
             attention = self._attention_flops(step)
-            moe_flops = roof.flops / self.efficiency.compute * self.efficiency.compute_moe
+            peak = self.hardware.expert_flops or roof.flops / self.efficiency.compute
+            moe_flops = peak * self.efficiency.compute_moe
             compute_s = (dense + attention) / roof.flops + experts / moe_flops
         comm_s = 2 * arch.num_layers * allreduce_seconds(tokens, arch.hidden_size, self.tp, roof,
                                                          self.hardware.allreduce_us)
@@ -225,6 +237,12 @@ class RooflineSteps:
             scored = step.decode_context * step.tokens_per_seq + step.prefill_context
             flops += 2 * layers * (sparse.index_n_heads or 64) * sparse.index_head_dim * scored / self.tp
         return flops
+
+    def _input_embedding_bytes(self) -> float:
+        """A separate input embedding table is gathered, a row per token, not read whole (a tied one is read whole
+        as the LM head); it stays in bf16 in quantized checkpoints."""
+        arch = self.profile.architecture
+        return 0.0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden_size * 2 / self.tp
 
     def _active_expert_params(self) -> float:
         """Parameters of the routed experts one token passes through."""

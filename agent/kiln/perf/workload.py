@@ -1,13 +1,16 @@
 """The user's workload and latency budget: request shape, load and service levels. Pure.
 
 A workload is what `vllm bench serve` would send: requests of `input_len` prompt tokens and `output_len`
-generated tokens (means), either `concurrency` at a time (closed loop, a new request as one finishes) or
-`request_rate` per second (open loop, Poisson arrivals; infinite: all `num_prompts` at once).
+generated tokens (means; a dataset's outputs spread about theirs as its own do), either `concurrency` at a time
+(closed loop, a new request as one finishes) or `request_rate` per second (open loop, Poisson arrivals; infinite:
+all `num_prompts` at once).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -160,6 +163,27 @@ class WorkloadSpec(BaseModel):
         if self.prefix_len and self.input_len is not None and self.prefix_len >= self.input_len:
             raise ValueError(f"prefix_len ({self.prefix_len}) must be shorter than input_len ({self.input_len})")
         return self
+
+
+def spread_lengths(mean: int, count: int, quantiles: Sequence[Sequence[float]], seed: int = 0) -> tuple[int, ...]:
+    """`count` lengths whose spread about `mean` follows a dataset's quantile function ([quantile, length / mean]
+    points, linear between), one from each of `count` equal slices of it, in a seeded random order (the order
+    `vllm bench serve` draws a dataset's requests in is random too)."""
+    points = [(float(q), float(v)) for q, v in quantiles]
+
+    def at(u: float) -> float:
+        for (q0, v0), (q1, v1) in itertools.pairwise(points):
+            if u <= q1:
+                return v0 + (v1 - v0) * (u - q0) / (q1 - q0) if q1 > q0 else v1
+        return points[-1][1]
+
+    ratios = [at((i + 0.5) / count) for i in range(count)]
+    scale = mean * count / sum(ratios)
+    lengths = [max(1, round(r * scale)) for r in ratios]
+    import random  # noqa: PLC0415 - seeded locally, so the result is a pure function of its inputs
+
+    random.Random(seed).shuffle(lengths)
+    return tuple(lengths)
 
 
 def resolve(spec: WorkloadSpec | None) -> Workload:
