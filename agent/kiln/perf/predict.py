@@ -83,8 +83,9 @@ def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Const
     tflops = spec.tflops(key) or spec.tflops("bf16")
     expert_tflops = tflops
     bf16 = spec.tflops("bf16")
-    if key == "fp8" and spec.tflops("fp8") and bf16:
-        expert_tflops = bf16 / fp8_expert_time_vs_bf16(c, release)
+    slower = fp8_expert_time_vs_bf16(c, spec.architecture.value, release)
+    if key == "fp8" and spec.tflops("fp8") and bf16 and slower:
+        expert_tflops = bf16 / slower
     nvlink = machine.gpu_count > 1 and all(machine.linked(0, j) for j in range(machine.gpu_count))
     link = "nvlink" if nvlink else "pcie"
     link_gb_s = spec.nvlink_gb_s / 2 if nvlink and spec.nvlink_gb_s else c.get("roofline", "pcie_gb_s")
@@ -96,11 +97,14 @@ def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Const
                     expert_flops=expert_tflops * 1e12 if expert_tflops else None)
 
 
-def fp8_expert_time_vs_bf16(c: Constants, release: tuple[int, int] | None) -> float:
-    """How long vLLM's fused MoE kernel takes over FP8 experts, against BF16 ones, in the given release: the entry
-    of the newest measured release at or before it (the oldest for older ones; the newest for kiln's own)."""
-    table = sorted((tuple(int(x) for x in str(k).split(".")[:2]), float(v))
-                   for k, v in c.get("roofline", "fp8_expert_time_vs_bf16").items())
+def fp8_expert_time_vs_bf16(c: Constants, architecture: str, release: tuple[int, int] | None) -> float | None:
+    """How long vLLM's fused MoE kernel takes over FP8 experts, against BF16 ones, on a GPU generation in the given
+    release: the entry of the newest measured release at or before it (the oldest for older ones; the newest for
+    kiln's own). None where the generation was not measured."""
+    measured = c.get("roofline", "fp8_expert_time_vs_bf16").get(architecture)
+    if not measured:
+        return None
+    table = sorted((tuple(int(x) for x in str(k).split(".")[:2]), float(v)) for k, v in measured.items())
     if release is None:
         return table[-1][1]
     return next((v for r, v in reversed(table) if r <= release), table[0][1])
