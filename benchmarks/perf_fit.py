@@ -2,11 +2,11 @@
 the constants in use.
 
 Run: .venv/bin/python -m benchmarks.perf_fit
-A grid over the dense compute efficiency and the host's cost per tensor-parallel rank (the routed experts'
-efficiency comes from vLLM's MoE kernel timed on GPUs, data/planner.yaml, not from this fit); the score is the
-share of cases within ±25%, then the median absolute error (the measures of benchmarks.perf_model_vs_public).
-`out_of_sample` refits the grid without each source and each model family. The grid is coarse on purpose: the
-cases are mixed, and a finer grid would fit their noise.
+A grid over the dense compute efficiency (Hopper's and the rest, and Ampere's) and the host's cost per
+tensor-parallel rank (the routed experts' efficiency comes from vLLM's MoE kernel timed on GPUs, data/planner.yaml,
+not from this fit); the score is the share of cases within ±25%, then the median absolute error (the measures of
+benchmarks.perf_model_vs_public). `out_of_sample` refits the grid without each source and each model family. The
+grid is coarse on purpose: the cases are mixed, and a finer grid would fit their noise.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kiln.wiring import Kiln
 GRID: dict[str, tuple[Any, ...]] = {
     "compute_efficiency": (0.25, 0.3, 0.4),
     "overhead_per_rank_s": (0.0, 0.0005, 0.0015),
+    "compute_efficiency_by_architecture": ({"ampere": 0.45}, {"ampere": 0.6}, {"ampere": 0.75}),
 }
 
 
