@@ -130,13 +130,11 @@ def workload_of(case: dict[str, Any]) -> Workload:
     rate = w.get("request_rate")
     concurrency = w.get("concurrency")
     prompts = int(w.get("num_prompts") or concurrency or 1000)
-    dataset = "sharegpt" if w.get("dataset") == "sharegpt" else None
-    if concurrency and (rate in (None, "inf") or (isinstance(rate, float) and math.isinf(rate))):
-        return Workload(int(w["input_len"]), int(w["output_len"]), concurrency=int(concurrency), num_prompts=prompts,
-                        dataset=dataset)
-    return Workload(int(w["input_len"]), int(w["output_len"]),
-                    request_rate=math.inf if rate in (None, "inf") else float(rate), num_prompts=prompts,
-                    dataset=dataset)
+    closed = concurrency and (rate in (None, "inf") or (isinstance(rate, float) and math.isinf(rate)))
+    load: dict[str, Any] = ({"concurrency": int(concurrency)} if closed else
+                            {"request_rate": math.inf if rate in (None, "inf") else float(rate)})
+    return Workload(int(w["input_len"]), int(w["output_len"]), num_prompts=prompts,
+                    dataset="sharegpt" if w.get("dataset") == "sharegpt" else None, **load)
 
 
 # The oldest vLLM release whose measurements count: kiln pins 0.32, and cases from before 0.10 (mid-2025: ROCm's 0.9.1

@@ -82,10 +82,10 @@ def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Const
     key = {"nvfp4": "fp4", "mxfp4": "fp4", "int4": "bf16"}.get(precision, precision)
     tflops = spec.tflops(key) or spec.tflops("bf16")
     expert_tflops = tflops
-    bf16 = spec.tflops("bf16")
-    slower = fp8_expert_time_vs_bf16(c, spec.architecture.value, release)
-    if key == "fp8" and spec.tflops("fp8") and bf16 and slower:
-        expert_tflops = bf16 / slower
+    if key == "fp8" and spec.tflops("fp8"):  # FP8 tensor cores; without them FP8 weights run at BF16's rate anyway
+        slower, bf16 = fp8_expert_time_vs_bf16(c, spec.architecture.value, release), spec.tflops("bf16")
+        if slower and bf16:
+            expert_tflops = bf16 / slower
     nvlink = machine.gpu_count > 1 and all(machine.linked(0, j) for j in range(machine.gpu_count))
     link = "nvlink" if nvlink else "pcie"
     link_gb_s = spec.nvlink_gb_s / 2 if nvlink and spec.nvlink_gb_s else c.get("roofline", "pcie_gb_s")
