@@ -114,7 +114,8 @@ def test_every_setting_flag_of_predict(capsys: pytest.CaptureFixture[str], flags
 
 @pytest.mark.parametrize("flags", [["--request-rate", "0"], ["--request-rate", "-1"], ["--request-rate", "fast"],
                                    ["--num-speculative-tokens", "2", "--speculative", "off"],
-                                   ["--max-num-seqs", "0"], ["--tp", "3"]], ids=" ".join)
+                                   ["--max-num-seqs", "0"], ["--tp", "3"],
+                                   ["--dataset", "sharegpt", "--output-len", "128"]], ids=" ".join)
 def test_bad_predict_flags_are_refused_with_a_fix(capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:
     code = main(["predict", "--machine", "h100x8", "--profile", "llama-3.1-8b-instruct", *flags])
     err = capsys.readouterr().err

@@ -65,25 +65,16 @@ def workload_given(args: argparse.Namespace) -> bool:
     return bool(args.workload) or any(getattr(args, name, None) is not None for name in WORKLOAD_FIELDS)
 
 
-def workload_spec(args: argparse.Namespace, base: WorkloadSpec | None = None) -> WorkloadSpec:
-    """The command line's workload, over `base` (user-data's `workload:`) field by field."""
-    given: dict[str, object] = dict(base.model_dump(exclude_none=True)) if base else {}
-    if args.workload:
-        given = {"preset": args.workload}
+def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
+    """The command line's workload: a preset (`--workload`) and the fields given over it, which must agree with each
+    other as user-data's must."""
+    given: dict[str, object] = {"preset": args.workload} if args.workload else {}
     for name in WORKLOAD_FIELDS:
         value = getattr(args, name, None)
         if value is None:
             continue
         if name == "request_rate":
             value = "inf" if str(value).lower() == "inf" else _rate(str(value))
-            given.pop("concurrency", None)
-        if name == "concurrency":
-            given.pop("request_rate", None)
-        if name == "dataset":
-            given.pop("input_len", None)
-            given.pop("output_len", None)
-        if name in ("input_len", "output_len"):
-            given.pop("dataset", None)
         given[name] = value
     try:
         return WorkloadSpec.model_validate(given)
@@ -93,9 +84,9 @@ def workload_spec(args: argparse.Namespace, base: WorkloadSpec | None = None) ->
         raise KilnError(f"workload: {first['msg']}", where=where, fix="see `kiln predict --help`") from exc
 
 
-def workload_from(args: argparse.Namespace, base: WorkloadSpec | None = None) -> Workload:
+def workload_from(args: argparse.Namespace) -> Workload:
     try:
-        return resolve(workload_spec(args, base))
+        return resolve(workload_spec(args))
     except ValueError as exc:
         raise KilnError(f"workload: {exc}", fix="see `kiln predict --help`") from exc
 
