@@ -89,8 +89,9 @@ def _constants(obs: dict[str, Any], kiln: Kiln, shift: dict[str, int] | None = N
     """planner.yaml's constants with this log's block size and CUDA-graph accounting, and refitted
     non-torch constants when `shift` is given (the held-out fit)."""
     block = 128 if "block128" in obs["id"] or "block_size 128" in str(obs.get("notes")) else 16
+    major, minor = (int(x) for x in str(kiln.constants.get("vllm", "cudagraph_estimate_subtracted_since")).split("."))
     vllm = {**kiln.constants.data["vllm"], "block_size": block,
-            "subtract_cudagraph_estimate": _version_at_least(obs.get("vllm_version"), 0, 21)}
+            "subtract_cudagraph_estimate": _version_at_least(obs.get("vllm_version"), major, minor)}
     if shift:
         vllm["non_torch_bytes"] += shift["non_torch_bytes"]
         vllm["tensor_parallel_extra_bytes"] += shift["tensor_parallel_extra_bytes"]

@@ -67,7 +67,9 @@ def efficiency(c: Constants, device: str, architecture: str | None = None) -> Ef
                       compute_moe=roof.get("moe_compute_efficiency", compute),
                       step_overhead_s=roof["step_overhead_s"], overhead_per_layer_s=roof["overhead_per_layer_s"],
                       overhead_per_seq_s=roof["overhead_per_seq_s"],
-                      overhead_per_rank_s=roof.get("overhead_per_rank_s", 0.0))
+                      overhead_per_rank_s=roof.get("overhead_per_rank_s", 0.0),
+                      attention_by_length=tuple((int(n), float(e))
+                                                for n, e in roof.get("attention_efficiency_by_length", ())))
 
 
 def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Constants,
@@ -91,10 +93,12 @@ def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Const
     link_gb_s = spec.nvlink_gb_s / 2 if nvlink and spec.nvlink_gb_s else c.get("roofline", "pcie_gb_s")
     tables = c.get("roofline").get("allreduce_us_nvlink", {}).get(spec.architecture.value, {}) if nvlink else {}
     table = tuple((int(n), tuple((int(x), float(y)) for x, y in points)) for n, points in tables.items())
+    bf16_tflops = spec.tflops("bf16")
     return Hardware(spec.memory_bandwidth_gb_s * 1e9, tflops * 1e12 if tflops else None,
                     c.get("roofline", "allreduce_latency_s", link) if tp > 1 else 0.0, link_gb_s * 1e9,
                     allreduce_us=table, sparse_mla_min_heads=int(c.get("roofline").get("sparse_mla_min_heads", 0)),
-                    expert_flops=expert_tflops * 1e12 if expert_tflops else None)
+                    expert_flops=expert_tflops * 1e12 if expert_tflops else None,
+                    attention_flops=bf16_tflops * 1e12 if bf16_tflops else None)
 
 
 def fp8_expert_time_vs_bf16(c: Constants, architecture: str, release: tuple[int, int] | None) -> float | None:

@@ -52,6 +52,16 @@ def _log_interpolate(points: tuple[tuple[int, float], ...], x: float) -> float:
     return points[-1][1]
 
 
+def _by_length(table: tuple[tuple[int, float], ...], length: float) -> float:
+    """A share of peak from (sequence length, share) points: linear in log length between them, flat outside."""
+    if length <= table[0][0]:
+        return table[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(table):
+        if length <= x1:
+            return y0 + (y1 - y0) * math.log(length / x0) / math.log(x1 / x0)
+    return table[-1][1]
+
+
 def draft_seconds(profile: Profile, precision: str, tp: int, k: int, roof: Roofline) -> float:
     """k draft passes of an EAGLE/MTP head: about one decoder layer plus the LM head, memory-bound."""
     arch = profile.architecture
@@ -108,6 +118,7 @@ class Hardware:
     allreduce_us: AllreduceTable = ()  # measured all-reduce times over this machine's links, when kiln has them
     sparse_mla_min_heads: int = 0  # query heads a sparse-MLA decode kernel runs per GPU at least (padding)
     expert_flops: float | None = None  # the routed experts' kernel's peak, where not the weights' precision's
+    attention_flops: float | None = None  # BF16 peak per GPU, which attention runs at (None: the weights' peak)
 
 
 @dataclass(frozen=True)
@@ -121,6 +132,7 @@ class Efficiency:
     overhead_per_layer_s: float  # kernel launches and small ops per decoder layer
     overhead_per_seq_s: float = 0.0  # per scheduled sequence: sampling, detokenizing, streaming its output
     overhead_per_rank_s: float = 0.0  # per tensor-parallel rank beyond the first: one worker process per GPU
+    attention_by_length: tuple[tuple[int, float], ...] = ()  # attention kernels' share of peak by sequence length
 
 
 @dataclass(frozen=True)
@@ -166,10 +178,9 @@ class RooflineSteps:
             per_token = max(arch.params_active - expert - table * (1 if arch.tie_word_embeddings else 2), 0)
             dense = (tokens * per_token + step.sampled * table) * 2 / self.tp
             experts = tokens * 2 * expert / self.tp
-            attention = self._attention_flops(step)
             peak = self.hardware.expert_flops or roof.flops / self.efficiency.compute
             moe_flops = peak * self.efficiency.compute_moe
-            compute_s = (dense + attention) / roof.flops + experts / moe_flops
+            compute_s = dense / roof.flops + self._attention_seconds(step, roof) + experts / moe_flops
         comm_s = 2 * arch.num_layers * allreduce_seconds(tokens, arch.hidden_size, self.tp, roof,
                                                          self.hardware.allreduce_us)
         if self.expert_parallel and arch.moe is not None:
@@ -213,10 +224,30 @@ class RooflineSteps:
         per_seq = context / seqs
         return seqs * self._attended(per_seq) * (self.kv_bytes_per_token_gpu - indexer) + context * indexer
 
+    def _attention_seconds(self, step: Step, roof: Roofline) -> float:
+        """Attention time of the step's prompt chunks and of its decoding sequences, each at the share of the BF16
+        peak attention kernels reach at its sequence length (twice the mean context a query attends to)."""
+        table, peak = self.efficiency.attention_by_length, self.hardware.attention_flops
+        if not table or not peak or roof.flops is None:
+            return self._attention_flops(step) / roof.flops if roof.flops else 0.0
+        cap = self._attention_cap()
+        seconds = 0.0
+        if step.prefill_tokens:
+            prefill = Step(0, 0.0, step.prefill_tokens, step.prefill_context, prefill_seqs=step.prefill_seqs)
+            length = 2 * min(step.prefill_context / step.prefill_tokens, cap)
+            seconds += self._attention_flops(prefill) / (peak * _by_length(table, length))
+        if step.decode_seqs:
+            decode = Step(step.decode_seqs, step.decode_context, tokens_per_seq=step.tokens_per_seq)
+            length = 2 * min(step.decode_context / step.decode_seqs, cap)
+            seconds += self._attention_flops(decode) / (peak * _by_length(table, length))
+        return seconds
+
     def _attention_flops(self, step: Step) -> float:
-        """Attention FLOPs per GPU. Multi-head: 4 x heads x head_dim per attended token. MLA (absorbed, as vLLM
-        decodes it): 2 x heads x (2 x kv_lora_rank + rope dims), over the attended tokens; a sparse-MLA kernel runs
-        at least `sparse_mla_min_heads` heads per GPU, and the indexer scores every cached token."""
+        """Attention FLOPs per GPU. Multi-head: 4 x heads x head_dim per attended token. MLA: decoding absorbed, as
+        vLLM decodes it, 2 x heads x (2 x kv_lora_rank + rope dims) per attended token; prompts as multi-head
+        attention over the up-projected keys and values, 2 x heads x (qk head dim + v head dim), as vLLM prefills
+        them. A sparse-MLA kernel runs absorbed throughout, at least `sparse_mla_min_heads` heads per GPU, and the
+        indexer scores every cached token."""
         arch = self.profile.architecture
         layers = arch.num_layers
         queries_attended = self._queries_attended(step, self._attention_cap())
@@ -231,7 +262,11 @@ class RooflineSteps:
         heads = arch.num_attention_heads / self.tp
         if arch.sparse_attention is not None and self.hardware.sparse_mla_min_heads:
             heads = max(heads, float(self.hardware.sparse_mla_min_heads))
-        flops = 2 * layers * heads * (2 * arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim) * queries_attended
+        mla = arch.mla
+        absorbed = 2 * mla.kv_lora_rank + mla.qk_rope_head_dim
+        if arch.sparse_attention is None and mla.qk_nope_head_dim and mla.v_head_dim and not step.decode_seqs:
+            absorbed = mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim
+        flops = 2 * layers * heads * absorbed * queries_attended
         sparse = arch.sparse_attention
         if sparse is not None:
             scored = step.decode_context * step.tokens_per_seq + step.prefill_context
