@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,46 @@ def test_only_full_attention_layers_attend_to_the_whole_context(kiln: Kiln) -> N
         "architecture": hybrid.architecture.model_copy(update={"linear_attention": None})}))
     full_share = (hybrid.architecture.num_layers - linear.layers) / hybrid.architecture.num_layers
     assert steps._attention_flops(chunk) == pytest.approx(all_full._attention_flops(chunk) * full_share)
+
+
+def test_attention_runs_in_bf16_at_its_kernels_share_of_peak_by_length(kiln: Kiln) -> None:
+    """Attention is priced at the BF16 peak whatever the weights' precision, at the share attention kernels reach
+    at the sequence's length (planner.yaml `attention_efficiency_by_length`); MLA prefills in multi-head form, so a
+    prompt chunk of DeepSeek-V3.2-shaped dense MLA costs (192 + 128) / (2 x 512 + 64) of the absorbed FLOPs."""
+    from kiln.perf.steps import RooflineSteps, Step  # noqa: PLC0415
+
+    machine, profile = kiln.machine("h100x1"), kiln.profile("llama-3.1-8b-instruct", None)
+    by_precision = {}
+    for precision in ("bf16", "fp8"):
+        fitted = fit_plans(machine, profile, Choice(quantization=precision, speculative_decoding=False),
+                           kiln.constants)
+        assert not isinstance(fitted, Refusal)
+        steps = kiln_steps(fitted[0], machine, profile, kiln.constants)
+        assert isinstance(steps, RooflineSteps)
+        by_precision[precision] = steps
+    bf16, fp8 = by_precision["bf16"], by_precision["fp8"]
+    peak = machine.gpus[0].spec.tflops("bf16") * 1e12
+    assert bf16.hardware.attention_flops == fp8.hardware.attention_flops == pytest.approx(peak)
+    deep = Step(0, 0.0, prefill_tokens=8192, prefill_context=8192 * 12_000.0, prefill_seqs=1)  # 24K long: 0.6
+    short = Step(0, 0.0, prefill_tokens=8192, prefill_context=8192 * 256.0, prefill_seqs=16)  # 512 long: 0.3
+    roof = bf16._roof()
+    assert bf16._attention_seconds(deep, roof) == pytest.approx(bf16._attention_flops(deep) / (0.6 * peak))
+    assert bf16._attention_seconds(short, roof) == pytest.approx(bf16._attention_flops(short) / (0.3 * peak))
+    assert fp8._attention_seconds(deep, fp8._roof()) == pytest.approx(bf16._attention_seconds(deep, roof))
+
+    dsv3 = kiln.profile("deepseek-v3.2", None)
+    h200 = kiln.machine("h200x8")
+    fitted = fit_plans(h200, dsv3, Choice(tensor_parallel_size=8, speculative_decoding=False), kiln.constants)
+    assert not isinstance(fitted, Refusal)
+    sparse = kiln_steps(fitted[0], h200, dsv3, kiln.constants)
+    assert isinstance(sparse, RooflineSteps)
+    dense_mla = replace(sparse, profile=dsv3.model_copy(update={
+        "architecture": dsv3.architecture.model_copy(update={"sparse_attention": None})}))
+    chunk = Step(0, 0.0, prefill_tokens=2048, prefill_context=2048 * 1024.0, prefill_seqs=1)
+    decode = Step(64, 64 * 1024.0)
+    per_query_prefill = dense_mla._attention_flops(chunk) / chunk.prefill_context
+    per_query_decode = dense_mla._attention_flops(decode) / decode.decode_context
+    assert per_query_prefill / per_query_decode == pytest.approx((192 + 128) / (2 * 512 + 64))
 
 
 def test_the_vocabulary_costs_a_lookup_per_token_and_the_lm_head_only_where_logits_are_sampled(kiln: Kiln) -> None:

@@ -137,16 +137,11 @@ class _Engine:
         while self.future and self.future[0].arrival <= self.t + EPS:
             self.waiting.append(self.future.popleft())
 
-    def free_kv(self, planned: int = 0) -> float:
-        """KV tokens left this step once decoding has grown by a token (k+1 under drafts) and `planned` prompt
-        tokens are computed."""
-        return self.limits.kv_tokens - self.kv_used() - self.decoding_n * self.tokens_per_seq - planned
-
     def admit(self, budget: int, chunks: list[tuple[_Request, int]]) -> None:
-        """Waiting requests in order, while a sequence slot, tokens of the step's budget and free KV blocks for
-        their first chunk are left: vLLM allocates a prompt's blocks chunk by chunk, so a long prompt starts
-        prefilling in what room there is. Alone on the engine a request is admitted whatever its size."""
-        planned = sum(c for _, c in chunks)
+        """Waiting requests in order, while a sequence slot, tokens of the step's budget and KV room for their
+        whole prompt are left (vLLM would preempt a partly prefilled prompt it cannot finish; this admits only
+        what it can)."""
+        reserved = self.decoding_n * self.tokens_per_seq + sum(r.prompt - r.done for r in self.prefilling)
         while self.waiting and budget > 0:
             if self.decoding_n + len(self.prefilling) >= self.limits.max_num_seqs:
                 break
@@ -154,36 +149,18 @@ class _Engine:
             if self.shared_prefix and r.done == 0:
                 r.done = min(self.load.prefix_len, r.prompt - 1)  # vLLM always computes the last prompt token
                 r.own = r.prompt - r.done
-            chunk = min(r.prompt - r.done, budget)
-            if self.decoding_n or self.prefilling:
-                chunk = min(chunk, math.floor(self.free_kv(planned)))
-            if chunk <= 0:
+            if self.kv_used() + reserved + (r.prompt - r.done) > self.limits.kv_tokens and (
+                    self.decoding_n or self.prefilling):
                 break
+            chunk = min(r.prompt - r.done, budget)
             self.waiting.popleft()
             self.prefilling.append(r)
             chunks.append((r, chunk))
             budget -= chunk
-            planned += chunk
+            reserved += r.prompt - r.done
 
     def preempt_for(self, growth: float) -> None:
-        """Free KV for this step's growth as vLLM does, newest request first: a prompt still being prefilled, then
-        the newest decoding requests, sent back to wait and recomputed later. A preempted prompt's blocks are freed
-        tail first and stay in the prefix cache until reused, so with prefix caching it loses only the tokens the
-        growth takes (it is readmitted onto its cached blocks); without, all its progress."""
-        while (self.decoding_n or len(self.prefilling) > 1) and self.prefilling and (
-                self.kv_used() + growth > self.limits.kv_tokens):
-            r = self.prefilling[-1]
-            lost = r.computed
-            if self.limits.prefix_caching:
-                lost = min(lost, math.ceil(self.kv_used() + growth - self.limits.kv_tokens))
-            r.done -= lost
-            r.computed -= lost
-            self.kv_prefill -= lost
-            if not r.computed:
-                self.prefilling.pop()
-                r.done = 0
-                self.waiting.appendleft(r)
-                self.out.preemptions += 1
+        """Free KV for this step's growth by sending the newest decoding requests back to wait."""
         while self.decoding_n > 1 and self.kv_used() + growth > self.limits.kv_tokens:
             newest = max((e[2] for e in self.decoding if e[2].alive), key=lambda r: r.start)
             self._stop_decoding(newest)
@@ -202,21 +179,15 @@ class _Engine:
     def step(self) -> None:
         self.arrive()
         budget = self.limits.max_num_batched_tokens - self.decoding_n * self.tokens_per_seq
-        self.preempt_for(self.decoding_n * self.tokens_per_seq)
         chunks: list[tuple[_Request, int]] = []
-        planned = 0
-        for i, r in enumerate(self.prefilling):
+        for r in self.prefilling:
             if budget <= 0:
                 break
             chunk = min(r.prompt - r.done, budget)
-            if self.decoding_n or i:  # a prompt waits for free blocks; the oldest runs on when nothing decodes
-                chunk = min(chunk, math.floor(self.free_kv(planned)))
-            if chunk <= 0:
-                continue
             chunks.append((r, chunk))
             budget -= chunk
-            planned += chunk
         self.admit(budget, chunks)
+        self.preempt_for(self.decoding_n * self.tokens_per_seq)
         if not chunks and not self.decoding_n:
             if self.future:
                 self.t = max(self.t, self.future[0].arrival)

@@ -203,13 +203,14 @@ class RooflineSteps:
         """Tokens one query attends to."""
         return min(context_per_seq, self._attention_cap())
 
-    def _queries_attended(self, step: Step, cap: float) -> float:
-        """Tokens all the step's queries attend to together in one layer, each at most `cap`."""
+    def _queries_attended(self, step: Step, cap: float) -> tuple[float, float]:
+        """Tokens the step's prompt chunks and its decoding sequences attend to in one layer, each query at most
+        `cap`: (prefill, decode)."""
         decode_per_seq = step.decode_context / step.decode_seqs if step.decode_seqs else 0.0
         decode = step.decode_seqs * step.tokens_per_seq * min(decode_per_seq, cap)
         prefill = (min(step.prefill_context / step.prefill_tokens, cap) * step.prefill_tokens
                    if step.prefill_tokens else 0.0)
-        return decode + prefill
+        return prefill, decode
 
     def _indexer_bytes_per_token(self) -> int:
         sparse = self.profile.architecture.sparse_attention
@@ -228,50 +229,54 @@ class RooflineSteps:
         """Attention time of the step's prompt chunks and of its decoding sequences, each at the share of the BF16
         peak attention kernels reach at its sequence length (twice the mean context a query attends to)."""
         table, peak = self.efficiency.attention_by_length, self.hardware.attention_flops
-        if not table or not peak or roof.flops is None:
-            return self._attention_flops(step) / roof.flops if roof.flops else 0.0
-        cap = self._attention_cap()
-        seconds = 0.0
+        prefill, decode = self._attention_parts(step)
+        if not table or not peak:
+            return (prefill + decode) / roof.flops if roof.flops else 0.0
+        cap, seconds = self._attention_cap(), 0.0
         if step.prefill_tokens:
-            prefill = Step(0, 0.0, step.prefill_tokens, step.prefill_context, prefill_seqs=step.prefill_seqs)
-            length = 2 * min(step.prefill_context / step.prefill_tokens, cap)
-            seconds += self._attention_flops(prefill) / (peak * _by_length(table, length))
+            seconds += prefill / (peak * _by_length(table, 2 * min(step.prefill_context / step.prefill_tokens, cap)))
         if step.decode_seqs:
-            decode = Step(step.decode_seqs, step.decode_context, tokens_per_seq=step.tokens_per_seq)
-            length = 2 * min(step.decode_context / step.decode_seqs, cap)
-            seconds += self._attention_flops(decode) / (peak * _by_length(table, length))
+            seconds += decode / (peak * _by_length(table, 2 * min(step.decode_context / step.decode_seqs, cap)))
         return seconds
 
     def _attention_flops(self, step: Step) -> float:
-        """Attention FLOPs per GPU. Multi-head: 4 x heads x head_dim per attended token. MLA: decoding absorbed, as
-        vLLM decodes it, 2 x heads x (2 x kv_lora_rank + rope dims) per attended token; prompts as multi-head
-        attention over the up-projected keys and values, 2 x heads x (qk head dim + v head dim), as vLLM prefills
-        them. A sparse-MLA kernel runs absorbed throughout, at least `sparse_mla_min_heads` heads per GPU, and the
-        indexer scores every cached token."""
+        return sum(self._attention_parts(step))
+
+    def _attention_parts(self, step: Step) -> tuple[float, float]:
+        """Attention FLOPs per GPU of the prompt chunks and of the decoding sequences. Multi-head: 4 x heads x
+        head_dim per attended token. MLA: decoding absorbed, as vLLM decodes it, 2 x heads x (2 x kv_lora_rank +
+        rope dims) per attended token; prompts as multi-head attention over the up-projected keys and values,
+        2 x heads x (qk head dim + v head dim), as vLLM prefills them. A sparse-MLA kernel runs absorbed throughout,
+        at least `sparse_mla_min_heads` heads per GPU, and the indexer scores every cached token."""
         arch = self.profile.architecture
         layers = arch.num_layers
-        queries_attended = self._queries_attended(step, self._attention_cap())
+        prefill, decode = self._queries_attended(step, self._attention_cap())
         if arch.mla is None:
             # Sliding-window layers attend to their window only (gpt-oss: 128 tokens in every other layer); linear-
             # attention layers keep a fixed state instead of attending to the context.
             sliding = arch.sliding_window
-            windowed = self._queries_attended(step, float(sliding.window)) * sliding.layers if sliding else 0.0
             full = layers - (sliding.layers if sliding else 0) - (
                 arch.linear_attention.layers if arch.linear_attention else 0)
-            return 4 * arch.num_attention_heads * arch.head_dim * (full * queries_attended + windowed) / self.tp
+            per_token = 4 * arch.num_attention_heads * arch.head_dim / self.tp
+            if sliding is None:
+                return per_token * full * prefill, per_token * full * decode
+            prefill_windowed, decode_windowed = self._queries_attended(step, float(sliding.window))
+            return (per_token * (full * prefill + sliding.layers * prefill_windowed),
+                    per_token * (full * decode + sliding.layers * decode_windowed))
         heads = arch.num_attention_heads / self.tp
-        if arch.sparse_attention is not None and self.hardware.sparse_mla_min_heads:
+        mla, sparse = arch.mla, arch.sparse_attention
+        if sparse is not None and self.hardware.sparse_mla_min_heads:
             heads = max(heads, float(self.hardware.sparse_mla_min_heads))
-        mla = arch.mla
         absorbed = 2 * mla.kv_lora_rank + mla.qk_rope_head_dim
-        if arch.sparse_attention is None and mla.qk_nope_head_dim and mla.v_head_dim and not step.decode_seqs:
-            absorbed = mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim
-        flops = 2 * layers * heads * absorbed * queries_attended
-        sparse = arch.sparse_attention
+        unabsorbed = (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim
+                      if sparse is None and mla.qk_nope_head_dim and mla.v_head_dim else absorbed)
+        prefill_flops = 2 * layers * heads * unabsorbed * prefill
+        decode_flops = 2 * layers * heads * absorbed * decode
         if sparse is not None:
-            scored = step.decode_context * step.tokens_per_seq + step.prefill_context
-            flops += 2 * layers * (sparse.index_n_heads or 64) * sparse.index_head_dim * scored / self.tp
-        return flops
+            per_scored = 2 * layers * (sparse.index_n_heads or 64) * sparse.index_head_dim / self.tp
+            prefill_flops += per_scored * step.prefill_context
+            decode_flops += per_scored * step.decode_context * step.tokens_per_seq if step.decode_seqs else 0.0
+        return prefill_flops, decode_flops
 
     def _input_embedding_bytes(self) -> float:
         """A separate input embedding table is gathered, a row per token, not read whole (a tied one is read whole
