@@ -15,6 +15,7 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice, validate_fields
 from kiln.perf.predict import forecast, hardware, kiln_steps
 from kiln.perf.setup import machine_of
+from kiln.perf.steps import RooflineSteps, Step
 from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, WorkloadSpec, resolve, spread_lengths
 from kiln.planner.plan import fit_plans
 from kiln.planner.search import OUTPUT_TIE, Choosing, choose
@@ -99,80 +100,65 @@ def test_speculative_decodings_gain_shrinks_as_the_batch_fills(kiln: Kiln) -> No
     assert light > 1.5 and full < light / 1.5  # verifying drafts costs tensor-core time that a full batch lacks
 
 
-def test_only_full_attention_layers_attend_to_the_whole_context(kiln: Kiln) -> None:
-    """gpt-oss alternates 128-token windows with full attention: prefilling a long prompt costs the full layers'
-    quadratic attention, not all layers'. Linear-attention layers attend to no context."""
-    from dataclasses import replace  # noqa: PLC0415
-
-    from kiln.perf.steps import RooflineSteps, Step  # noqa: PLC0415
-
-    machine, profile = kiln.machine("h100x1"), kiln.profile("gpt-oss-20b", None)
-    fitted = fit_plans(machine, profile, Choice(speculative_decoding=False), kiln.constants)
+def _roofline(kiln: Kiln, machine_name: str, profile_name: str, choice: Choice) -> RooflineSteps:
+    """kiln's engine for the first plan that fits `choice`."""
+    machine, profile = kiln.machine(machine_name), kiln.profile(profile_name, None)
+    fitted = fit_plans(machine, profile, choice, kiln.constants)
     assert not isinstance(fitted, Refusal)
     steps = kiln_steps(fitted[0], machine, profile, kiln.constants)
     assert isinstance(steps, RooflineSteps)
+    return steps
+
+
+def test_only_full_attention_layers_attend_to_the_whole_context(kiln: Kiln) -> None:
+    """gpt-oss alternates 128-token windows with full attention: prefilling a long prompt costs the full layers'
+    quadratic attention, not all layers'. Linear-attention layers attend to no context."""
+    steps = _roofline(kiln, "h100x1", "gpt-oss-20b", Choice(speculative_decoding=False))
+    profile = steps.profile
     arch = profile.architecture
     assert arch.sliding_window is not None and arch.sliding_window.layers == arch.num_layers // 2
     unwindowed = replace(steps, profile=profile.model_copy(update={
         "architecture": arch.model_copy(update={"sliding_window": None})}))
     chunk = Step(0, 0.0, prefill_tokens=8192, prefill_context=8192 * 28_000.0)  # a chunk deep in a 32K prompt
     short = Step(0, 0.0, prefill_tokens=8192, prefill_context=8192 * 64.0)  # inside every window
-    assert steps._attention_flops(chunk) == pytest.approx(unwindowed._attention_flops(chunk) / 2, rel=0.01)
-    assert steps._attention_flops(short) == pytest.approx(unwindowed._attention_flops(short))
+    assert sum(steps._attention_parts(chunk)) == pytest.approx(sum(unwindowed._attention_parts(chunk)) / 2, rel=0.01)
+    assert sum(steps._attention_parts(short)) == pytest.approx(sum(unwindowed._attention_parts(short)))
     assert steps.seconds(chunk) < unwindowed.seconds(chunk)
 
     # Qwen3.5's Gated DeltaNet layers keep a fixed state: only its full-attention layers attend to the context.
-    hybrid = kiln.profile("qwen3.5-397b-a17b", None)
-    machine = kiln.machine("h200x8")
-    fitted = fit_plans(machine, hybrid, Choice(tensor_parallel_size=8, speculative_decoding=False), kiln.constants)
-    assert not isinstance(fitted, Refusal)
-    steps = kiln_steps(fitted[0], machine, hybrid, kiln.constants)
-    assert isinstance(steps, RooflineSteps)
+    steps = _roofline(kiln, "h200x8", "qwen3.5-397b-a17b", Choice(tensor_parallel_size=8, speculative_decoding=False))
+    hybrid = steps.profile
     linear = hybrid.architecture.linear_attention
     assert linear is not None
     all_full = replace(steps, profile=hybrid.model_copy(update={
         "architecture": hybrid.architecture.model_copy(update={"linear_attention": None})}))
     full_share = (hybrid.architecture.num_layers - linear.layers) / hybrid.architecture.num_layers
-    assert steps._attention_flops(chunk) == pytest.approx(all_full._attention_flops(chunk) * full_share)
+    assert sum(steps._attention_parts(chunk)) == pytest.approx(sum(all_full._attention_parts(chunk)) * full_share)
 
 
 def test_attention_runs_in_bf16_at_its_kernels_share_of_peak_by_length(kiln: Kiln) -> None:
     """Attention is priced at the BF16 peak whatever the weights' precision, at the share attention kernels reach
     at the sequence's length (planner.yaml `attention_efficiency_by_length`); MLA prefills in multi-head form, so a
     prompt chunk of DeepSeek-V3.2-shaped dense MLA costs (192 + 128) / (2 x 512 + 64) of the absorbed FLOPs."""
-    from kiln.perf.steps import RooflineSteps, Step  # noqa: PLC0415
-
-    machine, profile = kiln.machine("h100x1"), kiln.profile("llama-3.1-8b-instruct", None)
-    by_precision = {}
-    for precision in ("bf16", "fp8"):
-        fitted = fit_plans(machine, profile, Choice(quantization=precision, speculative_decoding=False),
-                           kiln.constants)
-        assert not isinstance(fitted, Refusal)
-        steps = kiln_steps(fitted[0], machine, profile, kiln.constants)
-        assert isinstance(steps, RooflineSteps)
-        by_precision[precision] = steps
-    bf16, fp8 = by_precision["bf16"], by_precision["fp8"]
-    peak = machine.gpus[0].spec.tflops("bf16") * 1e12
+    bf16, fp8 = (_roofline(kiln, "h100x1", "llama-3.1-8b-instruct",
+                           Choice(quantization=precision, speculative_decoding=False)) for precision in ("bf16", "fp8"))
+    peak = kiln.machine("h100x1").gpus[0].spec.tflops("bf16") * 1e12
     assert bf16.hardware.attention_flops == fp8.hardware.attention_flops == pytest.approx(peak)
     deep = Step(0, 0.0, prefill_tokens=8192, prefill_context=8192 * 12_000.0, prefill_seqs=1)  # 24K long: 0.6
     short = Step(0, 0.0, prefill_tokens=8192, prefill_context=8192 * 256.0, prefill_seqs=16)  # 512 long: 0.3
     roof = bf16._roof()
-    assert bf16._attention_seconds(deep, roof) == pytest.approx(bf16._attention_flops(deep) / (0.6 * peak))
-    assert bf16._attention_seconds(short, roof) == pytest.approx(bf16._attention_flops(short) / (0.3 * peak))
+    assert bf16._attention_seconds(deep, roof) == pytest.approx(sum(bf16._attention_parts(deep)) / (0.6 * peak))
+    assert bf16._attention_seconds(short, roof) == pytest.approx(sum(bf16._attention_parts(short)) / (0.3 * peak))
     assert fp8._attention_seconds(deep, fp8._roof()) == pytest.approx(bf16._attention_seconds(deep, roof))
 
-    dsv3 = kiln.profile("deepseek-v3.2", None)
-    h200 = kiln.machine("h200x8")
-    fitted = fit_plans(h200, dsv3, Choice(tensor_parallel_size=8, speculative_decoding=False), kiln.constants)
-    assert not isinstance(fitted, Refusal)
-    sparse = kiln_steps(fitted[0], h200, dsv3, kiln.constants)
-    assert isinstance(sparse, RooflineSteps)
+    sparse = _roofline(kiln, "h200x8", "deepseek-v3.2", Choice(tensor_parallel_size=8, speculative_decoding=False))
+    dsv3 = sparse.profile
     dense_mla = replace(sparse, profile=dsv3.model_copy(update={
         "architecture": dsv3.architecture.model_copy(update={"sparse_attention": None})}))
     chunk = Step(0, 0.0, prefill_tokens=2048, prefill_context=2048 * 1024.0, prefill_seqs=1)
     decode = Step(64, 64 * 1024.0)
-    per_query_prefill = dense_mla._attention_flops(chunk) / chunk.prefill_context
-    per_query_decode = dense_mla._attention_flops(decode) / decode.decode_context
+    per_query_prefill = dense_mla._attention_parts(chunk)[0] / chunk.prefill_context
+    per_query_decode = dense_mla._attention_parts(decode)[1] / decode.decode_context
     assert per_query_prefill / per_query_decode == pytest.approx((192 + 128) / (2 * 512 + 64))
 
 
@@ -180,15 +166,9 @@ def test_the_vocabulary_costs_a_lookup_per_token_and_the_lm_head_only_where_logi
     """Of two models with the same parameters, the one with more of them in its vocabulary prefills faster: the
     input embedding is a gather and the LM head runs on each prompt's last token; decoding, where every token is
     sampled, reads a separate input table row by row, not whole."""
-    from dataclasses import replace  # noqa: PLC0415
-
-    from kiln.perf.steps import RooflineSteps, Step  # noqa: PLC0415
-
-    machine, profile = kiln.machine("h100x1"), kiln.profile("llama-3.1-8b-instruct", None)
-    fitted = fit_plans(machine, profile, Choice(quantization="bf16", speculative_decoding=False), kiln.constants)
-    assert not isinstance(fitted, Refusal)
-    steps = kiln_steps(fitted[0], machine, profile, kiln.constants)
-    assert isinstance(steps, RooflineSteps) and not profile.architecture.tie_word_embeddings
+    steps = _roofline(kiln, "h100x1", "llama-3.1-8b-instruct", Choice(quantization="bf16", speculative_decoding=False))
+    profile = steps.profile
+    assert not profile.architecture.tie_word_embeddings
     arch = profile.architecture
     wide = replace(steps, profile=profile.model_copy(update={
         "architecture": arch.model_copy(update={"vocab_size": 4 * arch.vocab_size})}))

@@ -82,10 +82,11 @@ def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Const
                         cpu["gflops_per_core"] * 1e9 * max(machine.host.cpu_count // instances, 1), 0.0, 1.0)
     spec = machine.gpus[0].spec
     key = {"nvfp4": "fp4", "mxfp4": "fp4", "int4": "bf16"}.get(precision, precision)
-    tflops = spec.tflops(key) or spec.tflops("bf16")
+    bf16 = spec.tflops("bf16")
+    tflops = spec.tflops(key) or bf16
     expert_tflops = tflops
     if key == "fp8" and spec.tflops("fp8"):  # FP8 tensor cores; without them FP8 weights run at BF16's rate anyway
-        slower, bf16 = fp8_expert_time_vs_bf16(c, spec.architecture.value, release), spec.tflops("bf16")
+        slower = fp8_expert_time_vs_bf16(c, spec.architecture.value, release)
         if slower and bf16:
             expert_tflops = bf16 / slower
     nvlink = machine.gpu_count > 1 and all(machine.linked(0, j) for j in range(machine.gpu_count))
@@ -93,12 +94,11 @@ def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Const
     link_gb_s = spec.nvlink_gb_s / 2 if nvlink and spec.nvlink_gb_s else c.get("roofline", "pcie_gb_s")
     tables = c.get("roofline").get("allreduce_us_nvlink", {}).get(spec.architecture.value, {}) if nvlink else {}
     table = tuple((int(n), tuple((int(x), float(y)) for x, y in points)) for n, points in tables.items())
-    bf16_tflops = spec.tflops("bf16")
     return Hardware(spec.memory_bandwidth_gb_s * 1e9, tflops * 1e12 if tflops else None,
                     c.get("roofline", "allreduce_latency_s", link) if tp > 1 else 0.0, link_gb_s * 1e9,
                     allreduce_us=table, sparse_mla_min_heads=int(c.get("roofline").get("sparse_mla_min_heads", 0)),
                     expert_flops=expert_tflops * 1e12 if expert_tflops else None,
-                    attention_flops=bf16_tflops * 1e12 if bf16_tflops else None)
+                    attention_flops=bf16 * 1e12 if bf16 else None)
 
 
 def fp8_expert_time_vs_bf16(c: Constants, architecture: str, release: tuple[int, int] | None) -> float | None:

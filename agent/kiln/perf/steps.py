@@ -239,9 +239,6 @@ class RooflineSteps:
             seconds += decode / (peak * _by_length(table, 2 * min(step.decode_context / step.decode_seqs, cap)))
         return seconds
 
-    def _attention_flops(self, step: Step) -> float:
-        return sum(self._attention_parts(step))
-
     def _attention_parts(self, step: Step) -> tuple[float, float]:
         """Attention FLOPs per GPU of the prompt chunks and of the decoding sequences. Multi-head: 4 x heads x
         head_dim per attended token. MLA: decoding absorbed, as vLLM decodes it, 2 x heads x (2 x kv_lora_rank +
