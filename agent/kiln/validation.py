@@ -26,6 +26,15 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return "".join(parts) or "(top level)"
 
 
+def message(err: Any) -> str:
+    """pydantic's message without the prefix its validators add ("Value error, ..."), which says nothing to a user."""
+    msg = str(err["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            return msg[len(prefix):]
+    return msg
+
+
 def describe(exc: ValidationError) -> list[str]:
     """One line per problem: key, what is wrong, what was given."""
     lines = []
@@ -35,7 +44,7 @@ def describe(exc: ValidationError) -> list[str]:
         shown = repr(given)
         if len(shown) > 60:
             shown = shown[:57] + "..."
-        msg = err["msg"]
+        msg = message(err)
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check its spelling)"
         elif err["type"] == "missing":

@@ -122,6 +122,15 @@ def test_bad_predict_flags_are_refused_with_a_fix(capsys: pytest.CaptureFixture[
     assert code == 2 and err.startswith("kiln:") and "Traceback" not in err
 
 
+def test_flags_that_conflict_are_named_together_without_pydantic_prefixes(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["predict", "--machine", "h100x8", "--profile", "llama-3.1-8b-instruct", "--dataset", "sharegpt",
+                 "--output-len", "5"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("kiln: workload flags: give dataset or input_len/output_len, not both"), err
+    assert "Value error" not in err and "--workload" not in err
+
+
 EVERY_PLAN_FLAG = [
     [], ["--workload", "chat"], ["--request-rate", "inf"], ["--concurrency", "16", "--tpot-ms", "80"],
     ["--objective", "latency"], ["--tp", "4"], ["--speculative", "off"], ["--quantization", "fp8"],

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kiln.perf.workload import WorkloadSpec
+from kiln.validation import message
 
 Objective = Literal["throughput", "latency"]
 Quantization = Literal["auto", "bf16", "fp8", "nvfp4", "mxfp4"]
@@ -242,7 +243,7 @@ def validate_fields(data: Any, *, source: str) -> Layer:
             one = Choice.model_validate({key: value})
             values[key] = getattr(one, key)
         except ValidationError as exc:
-            msg = exc.errors()[0]["msg"]
+            msg = message(exc.errors()[0])
             got = "a value of this length, hidden" if key in SECRET_FIELDS else _shown(value)
             problems.append(Problem(source, key, f"{msg} (got {got})", f"use {HINTS[key]}"))
     if values.get("profile") and values.get("model"):

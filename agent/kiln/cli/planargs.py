@@ -13,6 +13,7 @@ from kiln.errors import KilnError
 from kiln.perf.workload import PRESETS, Workload, WorkloadSpec, resolve
 from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, Runtime
 from kiln.setup.types import Refusal
+from kiln.validation import message
 
 EXIT_REFUSED = 2
 
@@ -80,8 +81,9 @@ def workload_spec(args: argparse.Namespace) -> WorkloadSpec:
         return WorkloadSpec.model_validate(given)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "--workload"
-        raise KilnError(f"workload: {first['msg']}", where=where, fix="see `kiln predict --help`") from exc
+        # A check across fields has no location: it is about the flags together, not about --workload.
+        where = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "workload flags"
+        raise KilnError(message(first), where=where, fix="see `kiln predict --help`") from exc
 
 
 def workload_from(args: argparse.Namespace) -> Workload:
