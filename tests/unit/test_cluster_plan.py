@@ -133,6 +133,9 @@ def test_kiln_plan_nodes_prints_each_node_and_json(kiln: Kiln) -> None:
     assert json.loads(fleet.stdout)["kind"] == "fleet"
     refused = run_kiln("plan", "--machine", "h100x1", "--nodes", "2", "--profile", "deepseek-v3.2")
     assert refused.returncode == 2 and "--nodes" in refused.stderr
+    for count in ("0", "1"):  # not read as "one machine": the flag asks for a cluster
+        refused = run_kiln("plan", "--machine", "h100x8", "--nodes", count, "--profile", "deepseek-v3.2")
+        assert refused.returncode == 2 and f"a cluster has 2 to 16 nodes; asked for {count}" in refused.stderr
 
 
 def test_a_plan_for_one_machine_is_unchanged_by_the_cluster_fields(kiln: Kiln) -> None:

@@ -12,6 +12,7 @@ from kiln.choice.schema import Choice
 from kiln.hardware.detect import detect_recorded
 from kiln.hardware.fixtures import load_fixture
 from kiln.hardware.model import Architecture
+from kiln.perf.workload import Workload
 from kiln.planner.search import make_plan
 from kiln.setup.types import Plan, Refusal
 from kiln.wiring import Kiln
@@ -115,6 +116,24 @@ def test_invalid_tp_lists_the_valid_ones(kiln: Kiln) -> None:
 def test_context_beyond_the_model_is_refused(kiln: Kiln) -> None:
     result = plan(kiln, "h100x8", "llama-3.1-8b-instruct", max_model_len=1_000_000)
     assert isinstance(result, Refusal) and "maximum context" in result.reason
+
+
+@pytest.mark.parametrize(("input_len", "max_model_len", "refused"), [
+    (200_000, None, "exceed qwen3-8b's maximum context of 40,960 tokens"),
+    (30_000, 16_384, "exceed max_model_len 16,384"),
+    (36_000, None, None),
+], ids=["beyond-the-model", "beyond-the-users-context", "beyond-the-default-context"])
+def test_a_workload_whose_requests_outgrow_the_context_raises_it_or_is_refused(
+        kiln: Kiln, input_len: int, max_model_len: int | None, refused: str | None) -> None:
+    workload = Workload(input_len=input_len, output_len=1_000, concurrency=8, num_prompts=16)
+    profile = kiln.catalog().get("qwen3-8b")
+    result = make_plan(kiln.machine("h100x8"), profile, Choice(max_model_len=max_model_len), kiln.constants,
+                       workload=workload)
+    if refused:
+        assert isinstance(result, Refusal) and refused in result.reason and result.suggestions
+        return
+    # vLLM refuses a request longer than max_model_len: the plan's context grows past the profile's default to hold it
+    assert profile.serving.max_model_len < input_len + 1_000 <= ok(result).engine.max_model_len
 
 
 def test_user_instances_and_tp_are_honoured(kiln: Kiln) -> None:

@@ -151,7 +151,7 @@ def cmd_profiles(kiln: Kiln, args: argparse.Namespace) -> int:
 
 
 def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
-    if args.nodes:
+    if args.nodes is not None:  # --nodes 0 or 1 is refused there, not read as "one machine"
         return cluster.cmd_plan_nodes(kiln, args)
     machine = kiln.machine(args.machine)
     profile = kiln.profile(args.profile, args.model, revision=args.revision)
