@@ -7,8 +7,8 @@ from __future__ import annotations
 import yaml
 from benchmarks.public_cases import CASES, before_oldest_release, load_cases
 
-MIN_CASES = 150
-MIN_WITHIN_25 = 0.65
+MIN_CASES = 190
+MIN_WITHIN_25 = 0.70
 MAX_MEDIAN_ERROR = 0.18
 
 
