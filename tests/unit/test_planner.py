@@ -136,6 +136,16 @@ def test_a_workload_whose_requests_outgrow_the_context_raises_it_or_is_refused(
     assert profile.serving.max_model_len < input_len + 1_000 <= ok(result).engine.max_model_len
 
 
+def test_a_context_shortened_to_fit_memory_still_holds_the_workloads_requests(kiln: Kiln) -> None:
+    """Gemma 3 27B on one L40S is shortened to 16,384 tokens for the default workload; 21,000-token requests keep a
+    context that holds them, the last one the shortening tries."""
+    machine, profile = kiln.machine("l40s"), kiln.catalog().get("gemma-3-27b-it")
+    default = ok(make_plan(machine, profile, Choice(), kiln.constants))
+    long = ok(make_plan(machine, profile, Choice(), kiln.constants,
+                        workload=Workload(input_len=20_000, output_len=1_000, concurrency=1, num_prompts=4)))
+    assert default.engine.max_model_len < 21_000 == long.engine.max_model_len
+
+
 def test_user_instances_and_tp_are_honoured(kiln: Kiln) -> None:
     p = ok(plan(kiln, "h100x8", "llama-3.1-8b-instruct", instances=2, tensor_parallel_size=2))
     assert len(p.instances) == 2 and p.tensor_parallel_size == 2

@@ -52,6 +52,11 @@ class Workload:
     preset: str | None = None
 
     @property
+    def request_tokens(self) -> int:
+        """A request's whole length, prompt and reply: the context it needs (vLLM refuses a longer one)."""
+        return self.input_len + self.output_len
+
+    @property
     def has_budget(self) -> bool:
         return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.min_tokens_per_s_per_user))
 

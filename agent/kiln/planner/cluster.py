@@ -145,15 +145,17 @@ def _layouts(machine: Machine, nodes: int, profile: Profile, choice: Choice) -> 
 
 
 def _layout_plan(machine: Machine, profile: Profile, choice: Choice, c: Constants, layout: Layout,
-                 speculative: bool | None) -> Plan | Refusal:
+                 speculative: bool | None, shortest_context: int) -> Plan | Refusal:
     base = choice.model_copy(update={"tensor_parallel_size": layout.tp, "instances": 1,
                                      "speculative_decoding": speculative})
     if layout.kind == "pipeline":
         made = fit_plans(_stacked(machine, layout.pp, c, profile), profile,
-                         base.model_copy(update={"data_parallel_size": None, "expert_parallel": False}), c)
+                         base.model_copy(update={"data_parallel_size": None, "expert_parallel": False}), c,
+                         shortest_context=shortest_context)
     else:
         made = fit_plans(_joined(machine, layout.nodes), profile,
-                         base.model_copy(update={"data_parallel_size": layout.dp, "expert_parallel": True}), c)
+                         base.model_copy(update={"data_parallel_size": layout.dp, "expert_parallel": True}), c,
+                         shortest_context=shortest_context)
     return made if isinstance(made, Refusal) else _per_node(made[0], machine, layout.nodes, layout)
 
 
@@ -224,7 +226,7 @@ def plan_cluster(machine: Machine, nodes: int, profile: Profile, choice: Choice,
     if profile.cpu_only or not machine.gpus:
         return Refusal(f"{profile.name} on {machine.name}: clusters are planned for GPU machines",
                        ("plan a GPU machine, e.g. --machine h100x8",))
-    fits = fit_plans(machine, profile, choice, c)
+    fits = fit_plans(machine, profile, choice, c, shortest_context=workload.request_tokens)
     if not isinstance(fits, Refusal):
         found = choose(machine, profile, choice, workload, c, steps_for, closest=True)
         one = plan_of(machine, profile, choice, found, workload, c) if isinstance(found, Choosing) else fits[0]
@@ -236,7 +238,7 @@ def plan_cluster(machine: Machine, nodes: int, profile: Profile, choice: Choice,
         [False, True] if profile.speculative else [False])
     for layout in _layouts(machine, nodes, profile, choice):
         for spec in specs:
-            made = _layout_plan(machine, profile, choice, c, layout, spec)
+            made = _layout_plan(machine, profile, choice, c, layout, spec, workload.request_tokens)
             if isinstance(made, Refusal):
                 reasons.append(f"{layout.label}: {_misfit(machine, profile, choice, c, layout) or made.reason}")
                 break
@@ -244,7 +246,8 @@ def plan_cluster(machine: Machine, nodes: int, profile: Profile, choice: Choice,
             options.append(ClusterOption(layout, Option(made, forecast(made, workload, steps, c))))
     if not options:
         more = next((n for n in range(nodes + 1, MAX_NODES + 1) if isinstance(
-            _layout_plan(machine, profile, choice, c, Layout("pipeline", n, tp=machine.gpu_count, pp=n), False),
+            _layout_plan(machine, profile, choice, c, Layout("pipeline", n, tp=machine.gpu_count, pp=n), False,
+                         workload.request_tokens),
             Plan)), None)
         return Refusal(f"{profile.name} does not fit on {nodes} x {machine.name}: "
                        + (reasons[0] if reasons else "no layout fits"),

@@ -50,6 +50,7 @@ class Context:
     c: Constants
     objective: str
     utilization: float
+    shortest_context: int = 0  # the workload's longest request: vLLM refuses it past max_model_len
 
     @property
     def dp(self) -> int:
@@ -164,13 +165,16 @@ def _evaluate(ctx: Context, option: PrecisionOption, tp: int, kv_dtype: str, con
 
 
 def _contexts(ctx: Context, target: int) -> list[int]:
-    """The context to try: the target, then halves down to the floor unless the user fixed it."""
+    """The context to try: the target, then halves down to the floor unless the user fixed it; never shorter than
+    the workload's longest request, which is the last one tried where it lies above the floor."""
     if ctx.choice.max_model_len:
         return [target]
-    floor = min(ctx.c.get("planning", "min_context_tokens"), target)
+    floor = max(min(ctx.c.get("planning", "min_context_tokens"), target), ctx.shortest_context)
     out = [target]
     while out[-1] // 2 >= floor:
         out.append(out[-1] // 2)
+    if out[-1] > floor == ctx.shortest_context:
+        out.append(floor)
     return out
 
 
@@ -248,13 +252,13 @@ def _refuse(ctx: Context, reasons: Sequence[str], alternatives: Sequence[Machine
     suggestions: list[str] = []
     if ctx.choice.max_model_len:
         relaxed = ctx.choice.model_copy(update={"max_model_len": None})
-        plans = fit_plans(ctx.machine, p, relaxed, ctx.c)
+        plans = fit_plans(ctx.machine, p, relaxed, ctx.c, shortest_context=ctx.shortest_context)
         if not isinstance(plans, Refusal):
             suggestions.append(f"a shorter context: max_model_len {plans[0].engine.max_model_len} fits on this "
                                "machine")
     if ctx.choice.quantization and ctx.choice.quantization != "auto":
         relaxed = ctx.choice.model_copy(update={"quantization": None})
-        plans = fit_plans(ctx.machine, p, relaxed, ctx.c)
+        plans = fit_plans(ctx.machine, p, relaxed, ctx.c, shortest_context=ctx.shortest_context)
         if not isinstance(plans, Refusal):
             suggestions.append(f"a lower precision: quantization {plans[0].quantization} fits on this machine")
     arch = ctx.machine.gpus[0].architecture
@@ -264,7 +268,7 @@ def _refuse(ctx: Context, reasons: Sequence[str], alternatives: Sequence[Machine
         if alt.name == ctx.machine.name:
             continue
         plans = fit_plans(alt, p, ctx.choice.model_copy(update={"tensor_parallel_size": None, "instances": None}),
-                          ctx.c)
+                          ctx.c, shortest_context=ctx.shortest_context)
         if not isinstance(plans, Refusal):
             suggestions.append(f"a larger machine: {alt.name} fits it ({plans[0].quantization}, from "
                                f"TP{plans[0].tensor_parallel_size} up)")
@@ -274,12 +278,13 @@ def _refuse(ctx: Context, reasons: Sequence[str], alternatives: Sequence[Machine
 
 
 def fit_plans(machine: Machine, profile: Profile, choice: Choice, constants: Constants,
-              alternatives: Sequence[Machine] = ()) -> list[Plan] | Refusal:
+              alternatives: Sequence[Machine] = (), shortest_context: int = 0) -> list[Plan] | Refusal:
     """Every way the user's `choice` leaves to serve `profile` on `machine` that fits in memory: the preferred
     precision, the longest context that fits, each tensor-parallel split, drafts on and off. Their throughput
     and latency are the engine's to predict (kiln.planner.search ranks them).
 
-    `alternatives` are other machines to suggest when nothing fits here.
+    `alternatives` are other machines to suggest when nothing fits here. `shortest_context` is the workload's
+    longest request (input + output): no plan's context is shorter, since vLLM would refuse it.
     """
     if profile.cpu_only:
         made = make_cpu_plan(machine, profile, choice, constants)
@@ -295,10 +300,9 @@ def fit_plans(machine: Machine, profile: Profile, choice: Choice, constants: Con
                        "memory bandwidth is unknown",
                        ("describe the machine in a file with memory_bandwidth_gb_s and pass it as --machine PATH",))
     ctx = Context(machine, profile, choice, constants, choice.objective or "throughput",
-                  choice.gpu_memory_utilization or constants.get("vllm", "default_gpu_memory_utilization"))
+                  choice.gpu_memory_utilization or constants.get("vllm", "default_gpu_memory_utilization"),
+                  shortest_context)
     arch = machine.gpus[0].architecture
-    gpu_class = machine.gpus[0].spec.class_name
-    override = profile.override_for(gpu_class, arch.value)
 
     if choice.quantization and choice.quantization != "auto":
         forced = forced_option(profile, arch, choice.quantization)
@@ -315,8 +319,15 @@ def fit_plans(machine: Machine, profile: Profile, choice: Choice, constants: Con
     if choice.max_model_len and choice.max_model_len > model_max:
         return Refusal(f"max_model_len {choice.max_model_len} exceeds {profile.name}'s maximum context "
                        f"{model_max}", (f"set max_model_len to {model_max} or less",))
-    target = choice.max_model_len or (override.serving.max_model_len if override and override.serving
-                                      and override.serving.max_model_len else profile.serving.max_model_len)
+    requests = f"the workload's requests of {shortest_context:,} tokens (input + output)"
+    if shortest_context > model_max:
+        return Refusal(f"{requests} exceed {profile.name}'s maximum context of {model_max:,} tokens",
+                       (f"shorten the workload's input_len + output_len to {model_max:,} tokens or less",))
+    if choice.max_model_len and choice.max_model_len < shortest_context:
+        return Refusal(f"{requests} exceed max_model_len {choice.max_model_len:,}",
+                       (f"raise max_model_len to {shortest_context:,} or more ({profile.name} allows {model_max:,})",
+                        f"or shorten the workload's input_len + output_len to {choice.max_model_len:,} tokens"))
+    target = max(_target_context(profile, machine, choice), shortest_context)
 
     if choice.tensor_parallel_size:
         tp = choice.tensor_parallel_size

@@ -78,7 +78,7 @@ def predict_options(machine: Machine, profile: Profile, choice: Choice, workload
 
     fitted: list[Plan] = []
     for variant in choices(machine, profile, choice):
-        made = fit_plans(machine, profile, variant, c)
+        made = fit_plans(machine, profile, variant, c, shortest_context=workload.request_tokens)
         if isinstance(made, Refusal):
             refusal = refusal or made
             continue
@@ -113,13 +113,9 @@ def choose(machine: Machine, profile: Profile, choice: Choice, workload: Workloa
     prediction meets the workload's budget; the others it beat, and why, in numbers. When none meets it: a
     refusal saying what would, or with `closest` the setup nearest the budget."""
     objective = choice.objective or "throughput"
-    sized = context_for(profile, choice, workload)
-    if isinstance(sized, Refusal):
-        return sized
-    choice = sized
     options, refusal = predict_options(machine, profile, choice, workload, c, steps_for)
     if not options:
-        whole = fit_plans(machine, profile, choice, c, alternatives)
+        whole = fit_plans(machine, profile, choice, c, alternatives, workload.request_tokens)
         return whole if isinstance(whole, Refusal) else (refusal or Refusal(
             f"{profile.name} does not fit on {machine.name}"))
     ranked = sorted(options, key=lambda o: _score(o, objective), reverse=True)
@@ -132,27 +128,6 @@ def choose(machine: Machine, profile: Profile, choice: Choice, workload: Workloa
     if not meeting:
         lines.insert(1, f"No setup meets {workload.budget()}: the closest is chosen.")
     return Choosing(best, others, tuple(lines))
-
-
-def context_for(profile: Profile, choice: Choice, workload: Workload) -> Choice | Refusal:
-    """The choice with a context that holds the workload's requests (vLLM refuses a longer one): raised to their
-    length where the user set no max_model_len and the model's default is shorter; refused where the user's
-    max_model_len or the model's maximum is shorter."""
-    needed = workload.input_len + workload.output_len
-    size = f"requests of {needed:,} tokens ({workload.input_len:,} in + {workload.output_len:,} out)"
-    model_max = profile.architecture.max_position_embeddings
-    if needed > model_max:
-        return Refusal(f"{size} exceed {profile.name}'s maximum context of {model_max:,} tokens",
-                       (f"shorten the workload's input_len + output_len to {model_max:,} tokens or less",))
-    if choice.max_model_len:
-        if choice.max_model_len < needed:
-            return Refusal(f"{size} exceed max_model_len {choice.max_model_len:,}",
-                           (f"raise max_model_len to {needed:,} or more ({profile.name} allows {model_max:,})",
-                            f"or shorten the workload's input_len + output_len to {choice.max_model_len:,} tokens"))
-        return choice
-    if needed > profile.serving.max_model_len:
-        return choice.model_copy(update={"max_model_len": needed})
-    return choice
 
 
 def make_plan(machine: Machine, profile: Profile, choice: Choice, c: Constants,
