@@ -207,6 +207,39 @@ def test_fp8_experts_run_as_the_vllm_release_measured_them(kiln: Kiln) -> None:
     assert a100.expert_flops == a100.flops  # no FP8 tensor cores: FP8 weights, BF16 math
 
 
+def test_async_scheduling_hides_the_ranks_hand_over_under_the_gpus_time(kiln: Kiln) -> None:
+    """From vLLM 0.14 the next step is handed to the tensor-parallel ranks while the GPUs run this one: the per-rank
+    cost lengthens a step only where it outlasts the GPUs' time. Older releases, the CPU backend and speculative
+    methods vLLM does not schedule asynchronously pay it on every step; the per-step cost stays on top throughout."""
+    machine, profile = kiln.machine("h100x8"), kiln.profile("llama-3.3-70b-instruct", None)
+    fitted = fit_plans(machine, profile, Choice(tensor_parallel_size=8, speculative_decoding=False), kiln.constants)
+    assert not isinstance(fitted, Refusal)
+    plan = fitted[0]
+    kilns_own = kiln_steps(plan, machine, profile, kiln.constants)
+    old = kiln_steps(plan, machine, profile, kiln.constants, (0, 11))
+    assert isinstance(kilns_own, RooflineSteps) and isinstance(old, RooflineSteps)
+    assert kilns_own.async_scheduling and not old.async_scheduling
+    assert kiln_steps(plan, machine, profile, kiln.constants, (0, 14)).async_scheduling  # type: ignore[attr-defined]
+    e = kilns_own.efficiency
+    ranks = e.overhead_per_rank_s * 7
+    assert ranks > 0
+    free = replace(kilns_own, efficiency=replace(e, overhead_per_rank_s=0.0))
+    light, heavy = Step(1, 1000.0), Step(0, 0.0, prefill_tokens=8192, prefill_context=8192 * 4096.0, prefill_seqs=2)
+    for step in (light, heavy):  # the older release adds the ranks' cost to whatever the GPUs take
+        assert old.seconds(step) == pytest.approx(free.seconds(step) + ranks)
+    fixed = e.step_overhead_s + e.overhead_per_seq_s  # one sequence or one prompt chunk
+    assert free.seconds(light) - fixed < ranks  # a light step's GPU time is shorter than the hand-over...
+    assert kilns_own.seconds(light) == pytest.approx(ranks + fixed)  # ...so the hand-over sets it
+    assert free.seconds(heavy) - fixed > ranks  # a long prompt chunk hides it
+    assert kilns_own.seconds(heavy) == pytest.approx(free.seconds(heavy))
+
+    ngram = replace(plan, engine=replace(plan.engine, speculative_config={"method": "ngram",
+                                                                          "num_speculative_tokens": 2}))
+    assert not kiln_steps(ngram, machine, profile, kiln.constants).async_scheduling  # type: ignore[attr-defined]
+    cpu = replace(plan, engine=replace(plan.engine, device="cpu"))
+    assert not kiln_steps(cpu, kiln.machine("cpu-only"), profile, kiln.constants).async_scheduling  # type: ignore[attr-defined]
+
+
 def test_the_search_meets_the_budget_and_explains_with_predictions(kiln: Kiln) -> None:
     machine, profile = kiln.machine("h100x8"), kiln.profile("llama-3.3-70b-instruct", None)
     work = resolve(WorkloadSpec(preset="chat"))

@@ -134,7 +134,21 @@ def kiln_steps(plan: Plan, machine: Machine, profile: Profile, c: Constants,
                                   release),
                          efficiency(c, e.device, machine.gpus[0].architecture.value if machine.gpus else None),
                          draft.tokens if draft else 0,
-                         data_parallel=e.data_parallel_size, expert_parallel=e.enable_expert_parallel)
+                         data_parallel=e.data_parallel_size, expert_parallel=e.enable_expert_parallel,
+                         async_scheduling=schedules_async(plan, c, release))
+
+
+# Speculative methods vLLM schedules asynchronously (vllm-project/vllm#31998; the others turn it off).
+ASYNC_SPECULATIVE_METHODS = ("eagle", "eagle3", "mtp", "deepseek_mtp")
+
+
+def schedules_async(plan: Plan, c: Constants, release: tuple[int, int] | None) -> bool:
+    """Whether vLLM `release` (None: kiln's own) schedules this plan asynchronously by default: on GPUs from the
+    release that made it the default, with no speculative decoding or a method it supports."""
+    since = tuple(int(x) for x in str(c.get("roofline", "async_scheduling_since")).split(".")[:2])
+    spec = plan.engine.speculative_config
+    return (plan.engine.device == "cuda" and (release is None or release >= since)
+            and (not spec or spec["method"] in ASYNC_SPECULATIVE_METHODS))
 
 
 def limits(plan: Plan) -> Limits:

@@ -153,6 +153,9 @@ class RooflineSteps:
     expert_parallel: bool = False  # routed experts spread over tp x data_parallel GPUs
     # Across nodes the all-to-all runs at the network's pace, not NVLink's: (bytes/s per GPU, latency), or None.
     all_to_all_link: tuple[float, float] | None = None
+    # vLLM's async scheduling: the engine schedules the next step and hands it to the TP ranks while the GPUs run
+    # this one, so the ranks' hand-over costs a step only where it outlasts the step's GPU time.
+    async_scheduling: bool = False
 
     @property
     def name(self) -> str:
@@ -186,13 +189,14 @@ class RooflineSteps:
         if self.expert_parallel and arch.moe is not None:
             comm_s += self._all_to_all_seconds(tokens, roof)
         e = self.efficiency
-        fixed = e.step_overhead_s + e.overhead_per_layer_s * arch.num_layers + e.overhead_per_seq_s * (
-            step.decode_seqs + (1 if step.prefill_tokens else 0)) + e.overhead_per_rank_s * (self.tp - 1)
+        fixed_s = e.step_overhead_s + e.overhead_per_seq_s * (step.decode_seqs + (1 if step.prefill_tokens else 0))
+        ranks_s = e.overhead_per_rank_s * (self.tp - 1)
         draft_s = 0.0
         if self.draft_tokens and step.tokens_per_seq > 1:
             draft_s = draft_seconds(self.profile, self.precision, self.tp, self.draft_tokens, roof) + (
                 self.draft_tokens * self.efficiency.overhead_per_layer_s)
-        return max(memory_s, compute_s) + comm_s + fixed + draft_s
+        device_s = max(memory_s, compute_s) + comm_s + e.overhead_per_layer_s * arch.num_layers + draft_s
+        return (max(device_s, ranks_s) if self.async_scheduling else device_s + ranks_s) + fixed_s
 
     def _attention_cap(self) -> float:
         """Tokens one query attends to at most: the indexer's top-k under sparse attention, else all its context."""
