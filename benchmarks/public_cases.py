@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kiln.perf.predict import Forecast, forecast, kiln_steps
+from kiln.perf.predict import Forecast, forecast, kiln_steps, release_line
 from kiln.perf.setup import Fixed, fixed_plan, machine_of
 from kiln.perf.workload import Workload
 from kiln.profiles.catalog import Catalog
@@ -147,10 +147,7 @@ OLDEST_RELEASE = (0, 10)
 def release(case: dict[str, Any]) -> tuple[int, int] | None:
     """The vLLM release line a case ran (`vllm_release`, e.g. "0.11"), or None where the source names none."""
     value = case.get("vllm_release")
-    if not value:
-        return None
-    major, minor = str(value).split(".")[:2]
-    return int(major), int(minor)
+    return release_line(value) if value else None
 
 
 def before_oldest_release(case: dict[str, Any]) -> bool:

@@ -101,6 +101,12 @@ def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Const
                     attention_flops=bf16 * 1e12 if bf16 else None)
 
 
+def release_line(text: object) -> tuple[int, int]:
+    """A vLLM release's line as numbers: "0.14", "0.19.1" or 0.21 -> (0, 14), (0, 19), (0, 21)."""
+    major, minor = str(text).split(".")[:2]
+    return int(major), int(minor)
+
+
 def fp8_expert_time_vs_bf16(c: Constants, architecture: str, release: tuple[int, int] | None) -> float | None:
     """How long vLLM's fused MoE kernel takes over FP8 experts, against BF16 ones, on a GPU generation in the given
     release: the entry of the newest measured release at or before it (the oldest for older ones; the newest for
@@ -108,7 +114,7 @@ def fp8_expert_time_vs_bf16(c: Constants, architecture: str, release: tuple[int,
     measured = c.get("roofline", "fp8_expert_time_vs_bf16").get(architecture)
     if not measured:
         return None
-    table = sorted((tuple(int(x) for x in str(k).split(".")[:2]), float(v)) for k, v in measured.items())
+    table = sorted((release_line(k), float(v)) for k, v in measured.items())
     if release is None:
         return table[-1][1]
     return next((v for r, v in reversed(table) if r <= release), table[0][1])
@@ -145,8 +151,8 @@ ASYNC_SPECULATIVE_METHODS = ("eagle", "eagle3", "mtp", "deepseek_mtp")
 def schedules_async(plan: Plan, c: Constants, release: tuple[int, int] | None) -> bool:
     """Whether vLLM `release` (None: kiln's own) schedules this plan asynchronously by default: on GPUs from the
     release that made it the default, with no speculative decoding or a method it supports."""
-    since = tuple(int(x) for x in str(c.get("roofline", "async_scheduling_since")).split(".")[:2])
     spec = plan.engine.speculative_config
+    since = release_line(c.get("roofline", "async_scheduling_since"))
     return (plan.engine.device == "cuda" and (release is None or release >= since)
             and (not spec or spec["method"] in ASYNC_SPECULATIVE_METHODS))
 
