@@ -35,7 +35,7 @@ GRID: dict[str, tuple[float, ...]] = {
 
 def with_cpu(kiln: Kiln, values: dict[str, float]) -> Kiln:
     data = {**kiln.constants.data, "cpu": {**kiln.constants.data["cpu"], **values}}
-    return Kiln(kiln.gpus, Constants(data), kiln.stack, kiln.profile_dir)
+    return Kiln(kiln.gpus, Constants(data), kiln.profile_dir)
 
 
 def errors(kiln: Kiln, run: dict[str, Any]) -> list[float]:

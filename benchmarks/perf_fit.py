@@ -38,7 +38,7 @@ def score(kiln: Kiln, cases: list[dict[str, Any]]) -> tuple[float, float, int]:
 
 def with_roofline(kiln: Kiln, values: dict[str, float]) -> Kiln:
     data = {**kiln.constants.data, "roofline": {**kiln.constants.data["roofline"], **values}}
-    return Kiln(kiln.gpus, Constants(data), kiln.stack, kiln.profile_dir)
+    return Kiln(kiln.gpus, Constants(data), kiln.profile_dir)
 
 
 Errors = list[float | None]  # per case: predicted / measured - 1, None where the case is not modeled

@@ -5,59 +5,62 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pynvml
 import yaml
-from huggingface_hub.constants import HF_HUB_CACHE
 
 from kiln import datafiles
-from kiln.doctor.checks import diagnose
-from kiln.doctor.facts import Needs, NvmlHealth
-from kiln.doctor.installed import read_installed
-from kiln.doctor.probe import read_health
-from kiln.doctor.report import Report
-from kiln.doctor.stack import GpuStack
 from kiln.errors import ConfigError
-from kiln.hardware.detect import detect_fixture, detect_live, detect_recorded, gpu_catalog
-from kiln.hardware.disks import Mount
-from kiln.hardware.fixtures import RecordedNvml, fixture_names, load_fixture
-from kiln.hardware.host import LiveHost, RecordedHost
+from kiln.hardware.detect import detect_fixture, detect_live, gpu_catalog
+from kiln.hardware.fixtures import fixture_names, load_fixture
 from kiln.hardware.machine_file import machine_from_file
 from kiln.hardware.model import Machine
-from kiln.hardware.record import record_machine
 from kiln.hardware.specs import GpuCatalog
-from kiln.hardware.system import LiveSystem, RecordedSystem, SystemFacts
-from kiln.hub.client import HubClient
-from kiln.hub.model import is_hub_id, profile_from_hub
-from kiln.perf.aiconfigurator import AiConfigurator
-from kiln.perf.aiconfigurator import find as aiconfigurator_find
-from kiln.planner.cluster import Network
 from kiln.profiles.catalog import Catalog, find_profile_dir, load_catalog
-from kiln.profiles.hf_config import profile_from_model_dir
 from kiln.profiles.schema import Profile
 from kiln.setup.types import Constants
+
+if TYPE_CHECKING:
+    from kiln.doctor.facts import Needs
+    from kiln.doctor.report import Report
+    from kiln.doctor.stack import GpuStack
+    from kiln.hardware.disks import Mount
+    from kiln.perf.aiconfigurator import AiConfigurator
+    from kiln.planner.cluster import Network
+
+# Each method imports the adapter it wires (the Hub client, NVML, the doctor's probes, AIConfigurator) when it is
+# first called, so that a command loads only the parts it uses.
 
 
 @dataclass(frozen=True)
 class Kiln:
     gpus: GpuCatalog
     constants: Constants
-    stack: GpuStack
     profile_dir: Path | None = None
 
     @classmethod
     def create(cls, profile_dir: Path | None = None) -> Kiln:
         return cls(gpus=gpu_catalog(), constants=Constants(
             {**datafiles.read_yaml("planner.yaml"), "cold_start": datafiles.read_yaml("coldstart.yaml")}),
-                   stack=GpuStack.model_validate(datafiles.read_yaml("gpu_stack.yaml")), profile_dir=profile_dir)
+                   profile_dir=profile_dir)
+
+    @property
+    def stack(self) -> GpuStack:
+        """The versions of the GPU stack that agree (data/gpu_stack.yaml), for the doctor."""
+        from kiln.doctor.stack import GpuStack
+
+        return GpuStack.model_validate(datafiles.read_yaml("gpu_stack.yaml"))
 
     def aiconfigurator(self) -> AiConfigurator | None:
         """NVIDIA AIConfigurator in its own virtualenv, when installed (bash ci/aiconfigurator.sh)."""
-        return aiconfigurator_find(Path(__file__).resolve().parents[2])
+        from kiln.perf.aiconfigurator import find
+
+        return find(Path(__file__).resolve().parents[2])
 
     def network(self, name: str | None = None, gbps: float | None = None) -> Network:
         """A link between droplets (data/network.yaml); `gbps` replaces its bandwidth (a fabric's contract)."""
+        from kiln.planner.cluster import Network
+
         data = datafiles.read_yaml("network.yaml")
         name = name or data["default"]
         if name not in data["networks"]:
@@ -93,6 +96,16 @@ class Kiln:
                vllm_python: str | None = None) -> tuple[Machine, Report]:
         """The pre-flight report for this machine (None) or a recorded one, against what the plan needs and, on this
         machine, the vLLM installed beside `vllm_python`."""
+        import pynvml
+
+        from kiln.doctor.checks import diagnose
+        from kiln.doctor.facts import NvmlHealth
+        from kiln.doctor.installed import read_installed
+        from kiln.doctor.probe import read_health
+        from kiln.hardware.detect import detect_recorded
+        from kiln.hardware.fixtures import RecordedNvml
+        from kiln.hardware.system import LiveSystem, RecordedSystem, SystemFacts
+
         model = needs.model if needs and needs.model_bytes is not None else None
         recording = None if spec is None else self._recording(spec)
         installed = None
@@ -110,10 +123,19 @@ class Kiln:
 
     def mounts(self) -> list[Mount]:
         """The filesystems mounted here, for the cache disk: always this machine's, whatever GPUs it is told of."""
+        from kiln.hardware.system import LiveSystem
+
         return LiveSystem().mounts()
 
     def record(self, spec: str | None, name: str, description: str) -> dict[str, Any]:
         """This machine's answers (None), or a recorded machine's replayed, as a machine file."""
+        import pynvml
+
+        from kiln.hardware.fixtures import RecordedNvml
+        from kiln.hardware.host import LiveHost, RecordedHost
+        from kiln.hardware.record import record_machine
+        from kiln.hardware.system import LiveSystem, RecordedSystem
+
         if spec is None:
             return record_machine(name, description, pynvml, LiveHost(), LiveSystem())
         recording = self._recording(spec)
@@ -131,7 +153,15 @@ class Kiln:
         """A catalog profile by name, or a model by local directory or Hub id (ORG/NAME, read from the Hub with
         `hf_token`, its files kept in `hub_cache`, by default huggingface_hub's own cache)."""
         if model:
+            from kiln.hub.model import is_hub_id
+            from kiln.profiles.hf_config import profile_from_model_dir
+
             if is_hub_id(model) and not Path(model).is_dir():
+                from huggingface_hub.constants import HF_HUB_CACHE
+
+                from kiln.hub.client import HubClient
+                from kiln.hub.model import profile_from_hub
+
                 client = HubClient(hub_cache or Path(HF_HUB_CACHE), hf_token or os.environ.get("HF_TOKEN") or None,
                                    endpoint=os.environ.get("HF_ENDPOINT") or None)
                 return profile_from_hub(client, model, revision or "main")

@@ -19,7 +19,7 @@ from tests.unit.test_supervisor import FAST, RecordedRouting, free_port, server,
 
 from kiln.choice.resolve import merge
 from kiln.choice.schema import ClusterSetting, Layer, validate_fields
-from kiln.cli.serving import status_text
+from kiln.cli.status import status_text
 from kiln.cluster.discovery import DigitalOceanDroplets, DiscoveryError, droplet_identity
 from kiln.cluster.firewall import EPHEMERAL, cluster_rules
 from kiln.cluster.membership import Droplet, Membership, NotYet, from_droplets

@@ -65,5 +65,5 @@ def test_imports_run_down_the_layers() -> None:
 
 def test_the_check_sees_imports() -> None:
     found = imports()
-    assert ("cli/main.py", "cli", "planner") in found
+    assert ("cli/plan.py", "cli", "planner") in found
     assert any(part == "serve" and target == "render" for _, part, target in found)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.conftest import DATA
 
-from kiln.cli.serving import startup_lines
+from kiln.cli.status import startup_lines
 from kiln.serve.startup import AgentSteps, parse_startup
 
 LOGS = DATA / "startup"

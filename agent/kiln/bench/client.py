@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -52,10 +53,40 @@ def discover(base_url: str, api_key: str | None, cacert: str | None = None, toke
     return Target(base_url, str(model["id"]), tokenizer or str(model.get("root") or model["id"]), api_key, cacert)
 
 
+# What vLLM's client does first: load the tokenizer it counts tokens with.
+TOKENIZER_CHECK = "import sys; from transformers import AutoTokenizer; AutoTokenizer.from_pretrained(sys.argv[1])"
+TOKENIZER_CHECK_S = 120.0
+
+
 @dataclass
 class VllmBench:
     python: str
     log_file: Path | None = None
+
+    def check_tokenizer(self, tokenizer: str) -> None:
+        """A tokenizer that cannot be loaded, said in one line before any load is sent (vLLM's client would fail
+        with a traceback in its log). The local cache is tried first; the Hub only for an ORG/NAME id."""
+        fix = ("pass --tokenizer with the served model's folder or Hub id, or --state-dir of the kiln agent that "
+               "serves it")
+        error = self._load_tokenizer(tokenizer, offline=True)
+        if error is not None and "/" in tokenizer and not Path(tokenizer).exists():
+            error = self._load_tokenizer(tokenizer, offline=False)
+        if error is not None:
+            raise KilnError(f"the tokenizer {tokenizer!r} cannot be loaded: {error}", fix=fix)
+
+    def _load_tokenizer(self, tokenizer: str, *, offline: bool) -> str | None:
+        """None when it loads, else the error's line."""
+        env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", **({"HF_HUB_OFFLINE": "1"} if offline else {})}
+        try:
+            done = subprocess.run([self.python, "-c", TOKENIZER_CHECK, tokenizer], capture_output=True, text=True,
+                                  check=False, timeout=TOKENIZER_CHECK_S, env=env)
+        except subprocess.TimeoutExpired:
+            return f"it did not load within {TOKENIZER_CHECK_S:.0f} s"
+        if done.returncode == 0:
+            return None
+        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b", line)]
+        return ((errors or lines or ["no reason given"])[-1])[:300]
 
     def run(self, target: Target, workload: Sequence[str], env: dict[str, str] | None = None) -> dict[str, Any]:
         """One benchmark run; vLLM's result JSON (throughputs, percentiles, goodput)."""

@@ -17,6 +17,7 @@ from kiln.bench.predicted import Level, predict_levels
 from kiln.bench.sweep import Slo, SweepSpec, ratios, run_sweep
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice
+from kiln.cli.locate import locate
 from kiln.cli.output import print_json, table
 from kiln.errors import ConfigError, KilnError
 from kiln.render.vllm import MODULE_VLLM, Runtime, find_vllm_python
@@ -54,16 +55,16 @@ def _add_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
-def add_parsers(sub: Any) -> None:
-    bench = sub.add_parser("bench", help="measure an endpoint: TTFT/TPOT/throughput per concurrency, and cost")
+def add_arguments(_name: str, bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--url", help="the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000")
     bench.add_argument("--api-key", help="the endpoint's key (`kiln status` shows it)")
     bench.add_argument("--cacert", type=Path, help="the certificate an HTTPS endpoint is checked against (default: "
                                                    "kiln's own when the URL is this machine's, else the system's)")
     bench.add_argument("--tokenizer", help="the model's tokenizer, a folder or Hub id (default: the endpoint's "
                                            "model, or this machine's kiln agent's model folder)")
-    bench.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir,
-                       help="this machine's kiln agent's folder, for its certificate and model")
+    bench.add_argument("--state-dir", type=Path,
+                       help="this machine's kiln agent's folder, for its certificate and model (default: the running "
+                            "agent's)")
     bench.add_argument("--predict", metavar="PROFILE",
                        help="print kiln's prediction beside each level: the plan for PROFILE on --machine's "
                             "fixture (the CPU profile: this machine)")
@@ -151,11 +152,16 @@ def cmd_bench(kiln: Kiln, args: argparse.Namespace) -> int:
         raise ConfigError("kiln bench needs --url", fix="e.g. --url http://127.0.0.1:8000 (or `kiln bench compare`)")
     usd, source = price(args)
     spec = _spec(args)
-    cacert, tokenizer = local_endpoint(args.url, args.state_dir)
+    cacert, tokenizer = None, None
+    if urlsplit(args.url).hostname in LOOPBACK:  # this machine's agent: its certificate and its model's folder
+        agent = locate(args.state_dir)
+        print(agent.said(), file=sys.stderr)
+        cacert, tokenizer = local_endpoint(args.url, agent.state_dir)
     target = discover(args.url.rstrip("/"), args.api_key, str(args.cacert) if args.cacert else cacert,
                       args.tokenizer or tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
     client = VllmBench(args.vllm_python or find_vllm_python(), args.out / "vllm-bench.log")
+    client.check_tokenizer(target.tokenizer)
     levels = _sweep(target, spec, client, usd, "kiln bench")
     if args.predict:
         _add_predictions(kiln, args, spec, levels)

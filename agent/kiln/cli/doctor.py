@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from kiln.choice.schema import Choice
+from kiln.cli.locate import locate
 from kiln.cli.output import print_json
 from kiln.doctor.facts import Needs
 from kiln.doctor.needs import needs_of
@@ -26,13 +26,12 @@ from kiln.wiring import Kiln
 EXIT_BLOCKED = 2
 
 
-def add_parsers(sub: Any) -> None:
-    doctor = sub.add_parser("doctor", help="check the driver, fabric manager, GPU health, links, disk and /dev/shm")
+def add_arguments(_name: str, doctor: argparse.ArgumentParser) -> None:
     doctor.add_argument("--machine", help=f"a fixture ({', '.join(fixture_names())}) or a recorded machine file "
                                           "instead of this machine")
     doctor.add_argument("--profile", help="check what this profile's plan needs (default: the agent's current plan)")
-    doctor.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir,
-                        help="the agent's state folder, for its plan and model cache")
+    doctor.add_argument("--state-dir", type=Path,
+                        help="the agent's state folder, for its plan and model cache (default: the running agent's)")
     doctor.add_argument("--startup-log", type=Path, help="a vLLM start-up log (`journalctl -u UNIT -o cat`, or the "
                                                          "state folder's logs/): where a failed start ran out of GPU "
                                                          "memory, and the setting to lower")
@@ -58,7 +57,10 @@ def _needs(kiln: Kiln, machine: Machine, profile_name: str | None) -> Needs | No
 
 
 def cmd_doctor(kiln: Kiln, args: argparse.Namespace) -> int:
-    layout = ServeLayout(state_dir=args.state_dir)
+    agent = locate(args.state_dir)
+    if not args.json:
+        print(agent.said(), file=sys.stderr)
+    layout = agent.layout
     cache = layout.hf_home
     machine, _ = kiln.doctor(args.machine, cache)
     profile = _profile_name(args, layout)

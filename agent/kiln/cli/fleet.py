@@ -17,8 +17,7 @@ from kiln.fleet.spec import ANYWHERE, FleetSpec
 from kiln.wiring import Kiln
 
 
-def add_parsers(sub: Any) -> None:
-    fleet = sub.add_parser("fleet", help="droplets behind a DigitalOcean load balancer (reads DIGITALOCEAN_TOKEN)")
+def add_arguments(_name: str, fleet: argparse.ArgumentParser) -> None:
     fsub = fleet.add_subparsers(dest="action", required=True)
     up = fsub.add_parser("up", help="create the fleet, or what it lacks; asks first, naming the price per hour")
     up.add_argument("--name", required=True, help="the fleet's name: its droplets are tagged kiln-fleet:NAME")

@@ -7,7 +7,6 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from kiln import __version__
 from kiln.cli.output import print_json
@@ -36,8 +35,7 @@ def _extra_var(text: str) -> tuple[str, object]:
     return key, value
 
 
-def add_parsers(sub: Any) -> None:
-    image = sub.add_parser("image", help="bake a kiln machine image, or boot-test one")
+def add_arguments(_name: str, image: argparse.ArgumentParser) -> None:
     actions = image.add_subparsers(dest="action", required=True)
 
     build = actions.add_parser("build", help="build an image: a local Debian 12 qcow2 (default) or a DigitalOcean "

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,50 +15,56 @@ from typing import Any
 import psutil
 import requests
 
+from kiln.cli.locate import LocalAgent, default_state_dir, locate
 from kiln.cli.output import print_json, table
 from kiln.errors import ConfigError, KilnError
+from kiln.serve.filelock import held
 from kiln.serve.keys import KeyChangeError, KeyStore
 from kiln.serve.layout import HEALTH_PORT, ServeLayout
-from kiln.serve.secretfiles import load_keys, save_keys
+from kiln.serve.secretfiles import load_keys, read_private, save_keys
 from kiln.wiring import Kiln
 
 RELOAD_WAIT_S = 60.0  # reading a new plan may ask the Hub
 
 
-def add_parsers(sub: Any) -> None:
-    keys = sub.add_parser("keys", help="the endpoint's named API keys (root): list, add, rotate, revoke")
-    ksub = keys.add_subparsers(dest="action", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir)
-    common.add_argument("--health", help=f"the agent's health endpoint (default: the one of --state-dir's agent, "
-                                         f"else http://127.0.0.1:{HEALTH_PORT})")
-    common.add_argument("--json", action="store_true", help="print JSON for programs")
-    ksub.add_parser("list", parents=[common], help="each key's name, rate limit and origin (never the key)")
-    show = ksub.add_parser("show", parents=[common], help="print one key")
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", type=Path, help="the agent's folder (default: the running agent's, else "
+                                                  f"{default_state_dir()})")
+    p.add_argument("--health", help=f"the agent's health endpoint (default: the one of --state-dir's agent, "
+                                    f"else http://127.0.0.1:{HEALTH_PORT})")
+    p.add_argument("--json", action="store_true", help="print JSON for programs")
+
+
+def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
+    if name == "reload":
+        _common(parser)
+        parser.add_argument("--renew-certificate", action="store_true",
+                            help="also renew the ACME certificate now, however long it has left")
+        return
+    ksub = parser.add_subparsers(dest="action", required=True)
+    _common(ksub.add_parser("list", help="each key's name, rate limit and origin (never the key)"))
+    show = ksub.add_parser("show", help="print one key")
     show.add_argument("name")
-    add = ksub.add_parser("add", parents=[common], help="a new key, printed once")
+    add = ksub.add_parser("add", help="a new key, printed once")
     add.add_argument("name")
     add.add_argument("--key", help="the key itself (default: a new random one)")
     add.add_argument("--requests-per-minute", type=int, help="a rate limit for this key (429 beyond it)")
-    rotate = ksub.add_parser("rotate", parents=[common], help="replace a key; the old one stops working at once")
+    rotate = ksub.add_parser("rotate", help="replace a key; the old one stops working at once")
     rotate.add_argument("name")
     rotate.add_argument("--key", help="the new key (default: a new random one)")
-    revoke = ksub.add_parser("revoke", parents=[common], help="stop accepting a key")
+    revoke = ksub.add_parser("revoke", help="stop accepting a key")
     revoke.add_argument("name")
-    limit = ksub.add_parser("limit", parents=[common], help="set or clear a key's requests per minute")
+    limit = ksub.add_parser("limit", help="set or clear a key's requests per minute")
     limit.add_argument("name")
     limit.add_argument("requests_per_minute", help="a number, or none")
-
-    reload = sub.add_parser("reload", parents=[common], help="re-read /etc/kiln/kiln.yaml and the keys; nothing "
-                                                             "restarts for keys, rates or the certificate")
-    reload.add_argument("--renew-certificate", action="store_true",
-                        help="also renew the ACME certificate now, however long it has left")
+    for p in (show, add, rotate, revoke, limit):
+        _common(p)
 
 
 def _rate(text: str) -> int | None:
     if text.lower() in ("none", "off", "0"):
         return None
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # str.isdigit() takes '²', which int() refuses
         raise ConfigError(f"requests per minute must be a number or none, not {text!r}", fix="e.g. 60")
     return int(text)
 
@@ -107,11 +114,13 @@ def signal_reload(state_dir: Path, health: str, renew: bool = False,
 
 
 def cmd_reload(_kiln: Kiln, args: argparse.Namespace) -> int:
-    health = ServeLayout(state_dir=args.state_dir).health_of(args.health)
-    report = signal_reload(args.state_dir, health, args.renew_certificate)
+    agent = locate(args.state_dir, args.health)
+    if not args.json:
+        print(agent.said(), file=sys.stderr)
+    report = signal_reload(agent.state_dir, agent.health, args.renew_certificate)
     refused = (report or {}).get("error")
     if args.json:
-        print_json({"reload": report})
+        print_json({"reload": report, "agent": agent.as_dict()})
     elif refused:
         raise KilnError(f"the agent refused the reload, nothing changed: {refused.get('what')}",
                         fix=refused.get("fix") or "see `kiln status`")
@@ -124,53 +133,76 @@ def cmd_reload(_kiln: Kiln, args: argparse.Namespace) -> int:
     return 0 if report is not None and not refused else 1
 
 
+def _no_store(agent: LocalAgent) -> KilnError:
+    return KilnError(f"no kiln agent runs here, and {agent.layout.keys_file} does not exist ({agent.found_by})",
+                     fix="start one (`kiln up`, or `systemctl start kiln-agent` on the image), or name its folder "
+                         "with --state-dir")
+
+
 def cmd_keys(_kiln: Kiln, args: argparse.Namespace) -> int:
-    layout = ServeLayout(state_dir=args.state_dir)
-    store = load_keys(layout.keys_file, layout.api_key_file)
-    if args.action == "list":
-        rows = [k.public() for k in store.keys]
-        if args.json:
-            print_json({"keys": rows, "revoked": sorted(store.revoked)})
-        else:
-            print(table(["name", "requests/min", "origin"],
-                        [[str(r["name"]), str(r["requests_per_minute"] or "-"), str(r["origin"])] for r in rows]))
-        return 0
-    if args.action == "show":
-        key = store.get(args.name)
-        if key is None:
-            raise ConfigError(f"no key named {args.name!r}", fix=f"one of: {', '.join(store.names()) or '(none)'}")
-        if args.json:
-            print_json({"name": key.name, "key": key.secret})
-        else:
-            print(key.secret)
-        return 0
-    try:
-        changed = _change(store, args)
-    except KeyChangeError as exc:
-        raise ConfigError(str(exc), fix="`kiln keys list` shows the names") from exc
-    try:
-        save_keys(layout.keys_file, changed)
-    except OSError as exc:
-        raise KilnError(f"{layout.keys_file} cannot be written ({exc.strerror}); nothing changed",
-                        fix=f"free space on its disk (`df -h {layout.keys_file.parent}`), then again") from exc
+    agent = locate(args.state_dir, args.health)
+    layout = agent.layout
+    if not agent.running and args.action != "add" and read_private(layout.keys_file) is None:
+        raise _no_store(agent)
+    if not args.json:
+        print(agent.said(), file=sys.stderr)
+    if args.action in ("list", "show"):
+        return _show(load_keys(layout.keys_file, layout.api_key_file), args, agent)
+    with held(layout.keys_file):  # concurrent changes, the agent's too, apply one after another: none is lost
+        store = load_keys(layout.keys_file, layout.api_key_file)
+        try:
+            changed = _change(store, args)
+        except KeyChangeError as exc:
+            raise ConfigError(str(exc), fix="`kiln keys list` shows the names") from exc
+        try:
+            save_keys(layout.keys_file, changed)
+        except OSError as exc:
+            raise KilnError(f"{layout.keys_file} cannot be written ({exc.strerror}); nothing changed",
+                            fix=f"free space on its disk (`df -h {layout.keys_file.parent}`), then again") from exc
     report = None
-    with contextlib.suppress(KilnError):
-        report = signal_reload(args.state_dir, layout.health_of(args.health), until_planned=False)
+    if agent.running:  # outside the lock: the agent takes it to read the store
+        with contextlib.suppress(KilnError):
+            report = signal_reload(agent.state_dir, agent.health, until_planned=False)
     refused = (report or {}).get("error")
-    if refused:  # the agent kept the keys before the change: so does the store
-        save_keys(layout.keys_file, store)
+    if refused:  # the agent kept the keys before the change: so does the store, unless it changed again since
+        with held(layout.keys_file):
+            if load_keys(layout.keys_file) == changed:
+                save_keys(layout.keys_file, store)
         raise KilnError(f"the agent refused the change, nothing changed: {refused.get('what')}",
                         fix=refused.get("fix") or "see `kiln status`")
     key = changed.get(args.name)
     shown = key.secret if key and args.action in ("add", "rotate") else None
     if args.json:
         print_json({"name": args.name, "action": args.action, "key": shown, "applied": report is not None,
-                    "applied_s": report["applied_s"] if report else None})
+                    "applied_s": report["applied_s"] if report else None, "agent": agent.as_dict()})
         return 0
     if shown:
         print(shown)
     print(f"kiln keys: {args.action} {args.name}: " + (f"applied {report['applied_s']:.2f} s after the signal"
                                                       if report else "saved; applies when the agent starts"))
+    return 0
+
+
+def _show(store: KeyStore, args: argparse.Namespace, agent: LocalAgent) -> int:
+    if args.action == "list":
+        rows = [k.public() for k in store.keys]
+        if args.json:
+            print_json({"keys": rows, "revoked": sorted(store.revoked), "agent": agent.as_dict()})
+        elif not rows:
+            print(f"no keys in {agent.layout.keys_file}" + (f"; revoked: {', '.join(sorted(store.revoked))}"
+                                                           if store.revoked else ""))
+        else:
+            print(table(["name", "requests/min", "origin"],
+                        [[str(r["name"]), str(r["requests_per_minute"] or "-"), str(r["origin"])] for r in rows]))
+        return 0
+    key = store.get(args.name)
+    if key is None:
+        raise ConfigError(f"no key named {args.name!r} in {agent.layout.keys_file}",
+                          fix=f"one of: {', '.join(store.names()) or '(none)'}")
+    if args.json:
+        print_json({"name": key.name, "key": key.secret, "agent": agent.as_dict()})
+    else:
+        print(key.secret)
     return 0
 
 

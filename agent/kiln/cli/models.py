@@ -12,6 +12,7 @@ from typing import Any
 
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice
+from kiln.cli.locate import default_state_dir, locate
 from kiln.cli.output import print_json, table
 from kiln.errors import KilnError
 from kiln.hardware.fixtures import fixture_names
@@ -31,8 +32,7 @@ from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 
 
-def add_parsers(sub: Any) -> None:
-    models = sub.add_parser("models", help="bake models into an image")
+def add_arguments(_name: str, models: argparse.ArgumentParser) -> None:
     msub = models.add_subparsers(dest="action", required=True)
     bake = msub.add_parser("bake", help="download what a profile's plan reads into the agent's cache, with a manifest")
     bake.add_argument("--profile", action="append", default=[], help="a profile name (repeat for several)")
@@ -41,8 +41,9 @@ def add_parsers(sub: Any) -> None:
                            "gated ones)")
     bake.add_argument("--machine", help="the machine class the image is for: a fixture "
                                         f"({', '.join(fixture_names())}) or a file (default: this machine)")
-    bake.add_argument("--state-dir", type=Path, default=ServeLayout().state_dir,
-                      help="the agent's state folder on the image")
+    bake.add_argument("--state-dir", type=Path,
+                      help="the agent's state folder on the image (default: the running agent's, else "
+                           f"{default_state_dir()})")
     bake.add_argument("--warm", action="store_true",
                       help="then start the first instance of each plan once, to fill the compile caches the image "
                            "keeps (torch.compile, Inductor, Triton, CUDA)")
@@ -126,7 +127,10 @@ def bake_profile(kiln: Kiln, name: str, machine: str | None, layout: ServeLayout
 
 
 def cmd_models(kiln: Kiln, args: argparse.Namespace) -> int:
-    layout = ServeLayout(state_dir=args.state_dir)
+    agent = locate(args.state_dir)
+    if not args.json:
+        print(agent.said(), file=sys.stderr)
+    layout = agent.layout
     hub = HubClient(hub_cache(layout.hf_home), os.environ.get("HF_TOKEN") or None,
                     endpoint=os.environ.get("HF_ENDPOINT") or None)
     path = layout.state_dir / MANIFEST

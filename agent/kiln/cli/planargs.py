@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from kiln.choice.schema import Choice, validate_fields
 from kiln.cli.output import print_json
 from kiln.errors import KilnError
-from kiln.perf.workload import PRESETS, Workload, WorkloadSpec, resolve
+from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, WorkloadSpec, resolve
 from kiln.render.vllm import IMAGE_VLLM, MODULE_VLLM, Runtime
 from kiln.setup.types import Refusal
 from kiln.validation import message
@@ -42,7 +42,9 @@ def add_setting_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
-    w = p.add_argument_group("workload", "the requests to plan for (default: the batch preset)")
+    default = PRESETS[DEFAULT_PRESET].workload
+    w = p.add_argument_group("workload", f"the requests to plan for (default: the {DEFAULT_PRESET} preset, "
+                                         f"{default.shape()}, {default.budget()})")
     w.add_argument("--workload", choices=sorted(PRESETS), help="a named workload: " + "; ".join(
         f"{name}: {preset.workload.shape()}, {preset.workload.budget()}" for name, preset in PRESETS.items()))
     w.add_argument("--input-len", type=int, help="mean prompt tokens")

@@ -26,8 +26,7 @@ from kiln.wiring import Kiln
 MAX_DRAFTS = 16  # drafted tokens per step kiln predicts for
 
 
-def add_parsers(sub: Any) -> None:
-    p = sub.add_parser("predict", help="predict throughput and latency of a setup for a workload")
+def add_arguments(_name: str, p: argparse.ArgumentParser) -> None:
     planargs.add_target_options(p)
     planargs.add_setting_options(p)
     p.add_argument("--max-num-seqs", type=int, help="vLLM's batch limit, instead of the plan's")

@@ -121,5 +121,5 @@ def plan_text(plan: Plan, rendered: list[RenderedInstance]) -> str:
 def profile_row(p: Profile) -> list[str]:
     a = p.architecture
     params = f"{a.params_total / 1e9:.1f}B" + (f" ({a.params_active / 1e9:.1f}B active)" if a.moe else "")
-    spec = ",".join(s.method for s in p.speculative) or "-"
+    spec = ",".join(dict.fromkeys(s.method for s in p.speculative)) or "-"  # one method may have several heads
     return [p.name, params, ",".join(p.checkpoints), f"{p.serving.max_model_len:,}", spec]

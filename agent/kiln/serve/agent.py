@@ -93,7 +93,8 @@ class Agent:
         self.options = options
         layout = options.layout
         self.state = AgentState(endpoint=layout.endpoint_url(options.advertised_host), health=layout.health_url,
-                                keys_file=str(layout.keys_file), telemetry=lambda: gpu_telemetry(pynvml))
+                                keys_file=str(layout.keys_file), state_dir=str(layout.state_dir),
+                                telemetry=lambda: gpu_telemetry(pynvml))
         try:
             self.health = HealthServer(self.state, layout.local_host, layout.health_port, self.metrics)
         except OSError as exc:

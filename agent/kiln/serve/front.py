@@ -15,10 +15,11 @@ from kiln.choice.schema import NamedKey, Problem, TlsAcme, TlsCertificate, TlsSe
 from kiln.errors import KilnError
 from kiln.processes import run_to_end
 from kiln.serve.acme import Issued
-from kiln.serve.keys import KeyStore, declared_keys
+from kiln.serve.filelock import held
+from kiln.serve.keys import DEFAULT_NAME, KeyChangeError, KeyStore, declared_keys
 from kiln.serve.layout import ServeLayout
 from kiln.serve.proxy import ProxySettings, TlsFiles, nginx_config, nginx_test_argv
-from kiln.serve.secretfiles import load_keys, read_private, save_keys, write_private
+from kiln.serve.secretfiles import load_keys_checked, read_private, save_keys, write_private
 from kiln.serve.tls import CertificateError, CertificateInfo, check_pair, covers, inspect, make_self_signed
 
 log = logging.getLogger("kiln.agent")
@@ -62,16 +63,29 @@ class Front:
     keys: KeyStore = field(default_factory=KeyStore)
     tls: TlsState = field(default_factory=lambda: TlsState(None, "off"))
     nginx: str | None = None  # checks each configuration before it is used (`nginx -t`); None: written unchecked
+    key_problems: tuple[Problem, ...] = ()  # the last load_keys': what of the store or the settings was left out
 
     # -- keys --------------------------------------------------------------------------------------------------
     def load_keys(self, api_key: str | None, api_keys: Mapping[str, NamedKey] | None) -> KeyStore:
-        """The store on disk, with what user-data declares now; a first boot makes the default key."""
-        stored = load_keys(self.layout.keys_file, self.layout.api_key_file)
-        store = stored.with_declared(declared_keys(api_key, api_keys)).with_default()
-        if store != stored:
-            save_keys(self.layout.keys_file, store)
-        self.layout.api_key_file.unlink(missing_ok=True)
-        self.keys = store
+        """The store on disk, with what user-data declares now; a first boot makes the default key. A bad entry of
+        the store, or a declared key the store cannot take (its key is another name's), is left out, said in
+        key_problems, and the rest applies."""
+        with held(self.layout.keys_file):  # `kiln keys` changes it under the same lock
+            stored, problems = load_keys_checked(self.layout.keys_file, self.layout.api_key_file)
+            store, left_out = stored, list(problems)
+            for name, spec in sorted(declared_keys(api_key, api_keys).items()):
+                try:
+                    store = store.with_declared({name: spec})
+                except KeyChangeError as exc:
+                    left_out.append(Problem("settings", "api_key" if name == DEFAULT_NAME and api_key else "api_keys",
+                                            f"the key named {name} is not applied: {exc}",
+                                            "give it a key no other name holds (`kiln keys list` names them), then "
+                                            "`kiln reload`"))
+            store = store.with_default()
+            if store != stored:
+                save_keys(self.layout.keys_file, store)
+            self.layout.api_key_file.unlink(missing_ok=True)
+        self.keys, self.key_problems = store, tuple(left_out)
         return store
 
     # -- the certificate ---------------------------------------------------------------------------------------

@@ -15,11 +15,17 @@ PUBLIC_HEALTH = "/health/public"
 log = logging.getLogger("kiln.health")
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # socketserver listens with a backlog of 5: a burst of checks (a load balancer's, a dashboard's, `kiln status`
+    # in a loop) overflowed it and waited out SYN retries; the kernel caps it at net.core.somaxconn.
+    request_queue_size = 1024
+
+
 class HealthServer:
     def __init__(self, state: AgentState, host: str, port: int, metrics: Callable[[], bytes]) -> None:
         handler = _handler(state, metrics)
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), handler)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="kiln-health", daemon=True)
 
     def start(self) -> None:
@@ -39,7 +45,7 @@ def _handler(state: AgentState, metrics: Callable[[], bytes]) -> type[BaseHTTPRe
             path = self.path.split("?", 1)[0]
             try:
                 if path == "/health":
-                    self._send(200, {"status": "alive", "phase": state.current_phase()})
+                    self._send(200, {"status": "alive", "phase": state.current_phase(), "state_dir": state.state_dir})
                 elif path == PUBLIC_HEALTH:  # what the public port's /health answers a load balancer
                     ok, _ = state.readiness()
                     self._send(200 if ok else 503, {"status": "ok" if ok else "unavailable"})

@@ -36,6 +36,7 @@ class AgentState:
     endpoint: str
     health: str
     keys_file: str
+    state_dir: str = ""  # the agent's folder: how `kiln keys`, `kiln bench` and the rest find its files
     phase: str = DETECTING
     choice: dict[str, Any] = field(default_factory=dict)  # values, origins, problems; never the key
     plan: dict[str, Any] | None = None
@@ -107,6 +108,7 @@ class AgentState:
             "phase": self.current_phase(),
             "endpoint": self.endpoint,
             "health": self.health,
+            "state_dir": self.state_dir,
             "keys_file": self.keys_file,
             "keys": self.keys,
             "tls": self.tls,
