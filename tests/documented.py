@@ -57,5 +57,6 @@ def kiln_argv(command: str) -> list[str] | None:
     while words and (words[0] == "sudo" or re.fullmatch(r"[A-Z_]+=\S*", words[0])):
         words = words[1:]
     if words and words[0] in {"kiln", ".venv/bin/kiln"}:
-        return words[1:]
+        shell = next((i for i, w in enumerate(words) if w in {">", ">>", "<", "|", "2>", "2>&1"}), len(words))
+        return words[1:shell]  # a redirection or a pipe is the shell's, not kiln's
     return None

@@ -89,3 +89,15 @@ def test_a_blocking_preflight_fails_with_the_fix_and_starts_no_vllm(tmp_path: Pa
         motd = (tmp_path / "motd").read_text()
         assert motd.startswith("kiln: NOT SERVING: pre-flight: driver: driver 570.133.20") and "kiln doctor" in motd
     assert "pre-flight: driver: driver 570.133.20 is older" in agent.output
+
+
+def test_a_state_folder_that_cannot_be_written_fails_on_the_health_endpoint_not_with_a_traceback(
+        tmp_path: Path) -> None:
+    """A full or broken state disk: the agent says which file and how to fix it, and keeps answering."""
+    (tmp_path / "state" / "plan.json").mkdir(parents=True)  # replace() onto a folder fails as a full disk would
+    with agent_that_fails(tmp_path, "cpu-only", "profile: tiny-cpu\n", 18203) as agent:
+        error = agent.status["last_error"]
+        assert isinstance(error, dict)
+        assert "plan.json" in error["error"] and "cannot be written" in error["error"]
+        assert "df -h" in error["fix"]
+        assert requests.get(f"{agent.health}/health", timeout=2).status_code == 200

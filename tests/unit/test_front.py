@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from kiln.bench.client import discover
+from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice, NamedKey, TlsAcme, validate_fields
 from kiln.cli.bench import local_endpoint
 from kiln.cli.main import main
@@ -32,7 +33,7 @@ from kiln.serve.health import HealthServer
 from kiln.serve.keys import KeyChangeError, KeyStore, redact
 from kiln.serve.layout import ServeLayout
 from kiln.serve.proxy import ProxySettings, TlsFiles, nginx_argv
-from kiln.serve.secretfiles import KeyStoreError
+from kiln.serve.secretfiles import KeyStoreError, save_keys
 from kiln.serve.state import AgentState
 from kiln.serve.tls import CertificateError, check_pair, covers, inspect, make_self_signed
 
@@ -443,7 +444,7 @@ def test_kiln_status_finds_the_agent_of_a_state_dir(tmp_path: Path, capsys: pyte
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     layout = ServeLayout(state_dir=tmp_path, health_port=port)
-    state = AgentState(endpoint="https://127.0.0.1:1", health=layout.health_url, keys_file="")
+    state = AgentState(endpoint="https://127.0.0.1:1", health=layout.health_url, keys_file="", state_dir=str(tmp_path))
     server = HealthServer(state, "127.0.0.1", port, lambda: b"")
     server.start()
     try:
@@ -452,3 +453,83 @@ def test_kiln_status_finds_the_agent_of_a_state_dir(tmp_path: Path, capsys: pyte
         assert json.loads(capsys.readouterr().out)["endpoint"] == "https://127.0.0.1:1"
     finally:
         server.stop()
+
+
+def test_a_key_change_that_cannot_be_made_is_reported_and_the_endpoint_keeps_serving(tmp_path: Path) -> None:
+    layout = ServeLayout(state_dir=tmp_path)
+    shared = "kiln-shared-key-0123456789"
+    save_keys(layout.keys_file, KeyStore().add("ops", shared))  # `kiln keys add ops --key ...` on the machine
+    front = Front(layout, ProxySettings(max_in_flight=8))
+    state = AgentState(endpoint="", health="", keys_file="")
+    endpoint = Endpoint(front, state, "127.0.0.1", (), motd=lambda text: None, reload_proxy=lambda: None)
+    resolved = ResolvedChoice(Choice(tls="off", api_key="kiln-new-default-0123456789",
+                                     api_keys={"ci": NamedKey(key=shared)}))
+    endpoint.configure(resolved)  # at boot: the rest of the keys apply
+    assert front.keys.names() == ["default", "ops"] and [k["name"] for k in state.keys] == ["default", "ops"]
+    assert state.last_error is not None and "ci" in state.last_error.what and state.last_error.fix
+    assert shared not in state.last_error.what + state.last_error.fix
+    state.last_error = None
+    assert endpoint.reload(resolved) == []  # on `kiln reload`: the same, and nothing else changes
+    assert state.last_error is not None and "ci" in state.last_error.what
+
+
+def test_a_key_ending_in_a_newline_is_refused() -> None:
+    for name, secret in (("ci", "kiln-ci-key-0123456789\n"), ("ci\n", "kiln-ci-key-0123456789")):
+        with pytest.raises(KeyChangeError):
+            KeyStore().add(name, secret)
+    layer = validate_fields({"api_keys": {"ci\n": "kiln-ci-key-0123456789"}, "api_key": "kiln-key-0123456789\n"},
+                            source="user-data")
+    assert not layer.values and {p.field for p in layer.problems} == {"api_keys", "api_key"}
+
+
+def test_a_bad_entry_of_a_hand_edited_key_store_is_dropped_and_reported(tmp_path: Path) -> None:
+    layout = ServeLayout(state_dir=tmp_path)
+    good = {"name": "default", "key": "kiln-default-key-0123456789", "requests_per_minute": None, "origin": "generated"}
+    entries: list[object] = [good, {"name": "short", "key": "kiln-abc"},
+                             {"name": "newline", "key": "kiln-newline-key-0123456789\n"},
+                             {"name": "Bad Name", "key": "kiln-bad-name-0123456789"},
+                             {"name": "copy", "key": good["key"]}, {**good, "key": "kiln-again-key-0123456789"},
+                             {"name": "rate", "key": "kiln-rate-key-0123456789", "requests_per_minute": "many"},
+                             {"name": 5, "key": 6}, "ci", None]
+    layout.keys_file.parent.mkdir(parents=True, exist_ok=True)
+    layout.keys_file.write_text(json.dumps({"keys": entries, "revoked": ["old"]}))
+    front = Front(layout, ProxySettings(max_in_flight=8))
+    assert front.load_keys(None, None).names() == ["default"] and front.keys.revoked == {"old"}
+    assert len(front.key_problems) == len(entries) - 1
+    assert all(p.fix and str(layout.keys_file) == p.source for p in front.key_problems)
+    assert all("kiln-" not in p.text() for p in front.key_problems)  # no key is shown, good or bad
+    front.write_config()  # nginx's configuration is written with the good key
+    state = AgentState(endpoint="", health="", keys_file="")
+    Endpoint(front, state, "127.0.0.1", (), motd=lambda text: None, reload_proxy=lambda: None).configure(
+        ResolvedChoice(Choice(tls="off")))
+    assert state.last_error is not None and "keys.json" in state.last_error.what
+
+
+def test_a_full_endpoint_still_answers_its_health_check(running: Running) -> None:
+    running.front.settings = dataclasses.replace(running.front.settings, max_in_flight=1)
+    running.apply()
+    time.sleep(0.5)
+    key = "kiln-default-key-0123456789"
+    reader = threading.Thread(target=lambda: requests.post(
+        f"{running.base}/v1/completions", headers={"Authorization": f"Bearer {key}"}, json={}, verify=running.cert,
+        timeout=30).content)
+    reader.start()
+    time.sleep(0.5)
+    try:
+        assert running.get(key).status_code == 429  # the endpoint is full
+        health = requests.get(f"{running.base}/health", verify=running.cert, timeout=5)
+        assert health.status_code == 503 and health.json() == {"status": "unavailable"}  # no agent here, not 429
+    finally:
+        reader.join(timeout=30)
+
+
+def test_the_bearer_scheme_is_case_insensitive_and_the_key_is_not(running: Running) -> None:
+    key = "kiln-default-key-0123456789"
+    for scheme in ("bearer", "BEARER", "bEaReR"):
+        reply = requests.get(f"{running.base}/v1/models", headers={"Authorization": f"{scheme} {key}"},
+                             verify=running.cert, timeout=5)
+        assert reply.status_code == 200 and reply.json()["key"] == "default", scheme
+    assert running.get(key.upper()).status_code == 401
+    for other in (f"Basic {key}", f"Bearer{key}", f"xBearer {key}"):
+        assert requests.get(f"{running.base}/v1/models", headers={"Authorization": other}, verify=running.cert,
+                            timeout=5).status_code == 401, other

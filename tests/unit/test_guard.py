@@ -98,3 +98,39 @@ def test_the_model_list_names_the_model_not_its_path(guard_module: ModuleType) -
     app.release.set()
     status, body = asyncio.run(call(guard_module.RequestGuard(app), "GET", "/v1/models"))
     assert status == 200 and [m["root"] for m in body["data"]] == ["tiny", "Qwen/Qwen3-8B"]
+
+
+def test_n_is_counted_as_vllm_reads_it(guard_module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_MAX_N", "16")
+    app = Held()
+    app.release.set()
+    guard = guard_module.RequestGuard(app)
+    for field in ("n", "best_of"):
+        for value in (10000.0, "10000", " 10000 ", "10000.0", "1_0000"):  # each of them 10,000 to vLLM's request
+            status, body = asyncio.run(call(guard, "POST", "/v1/completions", {"prompt": "x", field: value}))
+            assert status == 400 and body["error"]["code"] == "too_many_sequences", (field, value)
+    for value in (16.0, "16", "ten", 1.5, True, None, [20]):  # what vLLM takes as 16 or 1, or answers itself
+        assert asyncio.run(call(guard, "POST", "/v1/completions", {"prompt": "x", "n": value}))[0] == 200, value
+    assert app.served == 7
+
+
+def test_each_prompt_of_a_list_counts(guard_module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_MAX_N", "16")
+    monkeypatch.setenv("KILN_MAX_SEQUENCES", "20")
+    assert guard_module.sequences_asked(json.dumps({"prompt": ["a"] * 1024, "n": 16}).encode()) == 16384
+    assert guard_module.sequences_asked(json.dumps({"prompt": [[1, 2], [3]], "n": "3"}).encode()) == 6
+    assert guard_module.sequences_asked(json.dumps({"prompt": [1, 2, 3], "n": 4}).encode()) == 4  # one prompt's ids
+    assert guard_module.sequences_asked(json.dumps({"messages": [{"role": "user", "content": "x"}] * 3}).encode()) == 1
+
+    async def scenario() -> list[int]:
+        app = Held()
+        guard = guard_module.RequestGuard(app)
+        never = await call(guard, "POST", "/v1/completions", {"prompt": ["a"] * 1024, "n": 16})  # can never fit
+        assert never[1]["error"]["code"] == "too_many_sequences" and "prompt" in never[1]["error"]["message"]
+        first = asyncio.create_task(call(guard, "POST", "/v1/completions", {"prompt": ["a", "b"], "n": 8}))
+        await asyncio.sleep(0.01)
+        refused = await call(guard, "POST", "/v1/completions", {"prompt": "c", "n": 8})  # 2 x 8 + 8 > 20
+        app.release.set()
+        return [never[0], refused[0], (await first)[0]]
+
+    assert asyncio.run(scenario()) == [400, 429, 200]

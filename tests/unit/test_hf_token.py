@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from kiln.choice.resolve import layers_from_inputs, resolve_choice
 from kiln.choice.schema import validate_fields
@@ -93,3 +97,37 @@ def test_write_private_never_follows_a_planted_link(tmp_path: Path) -> None:
     os.symlink(victim, target)  # at the name itself: replaced, not followed
     write_private(target, "HF_TOKEN=y\n")
     assert victim.read_text() == "untouched\n" and not target.is_symlink()
+
+
+def test_write_private_is_durable_and_concurrent_writers_never_collide(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "keys.json"
+    other = target.with_name(".keys.json.tmp")  # another writer's file, half written
+    other.write_text("someone else's\n")
+    synced: list[bool] = []  # each fsync: of a folder or not
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_private(target, "one\n")
+    assert other.read_text() == "someone else's\n" and target.read_text() == "one\n"
+    assert synced == [False, True]  # the file's data, then the folder's entry for it
+    failed: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        for _ in range(40):
+            try:
+                write_private(target, f"{n}\n")
+            except OSError as exc:
+                failed.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failed and target.read_text() in {f"{n}\n" for n in range(6)}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".keys.json.tmp", "keys.json"]  # no temporary file left

@@ -31,7 +31,7 @@ from kiln.serve.keys import ApiKey, KeyStore
 from kiln.serve.layout import ServeLayout
 from kiln.serve.meter import TokenMeter
 from kiln.serve.ownership import give_to_user, keep_for_root, share_with_group
-from kiln.serve.proxy import PUBLIC_PATHS, ProxySettings, nginx_argv, nginx_config
+from kiln.serve.proxy import PUBLIC_PATHS, ProxySettings, TlsFiles, nginx_argv, nginx_config
 from kiln.serve.router import RouterSettings, router_argv
 from kiln.serve.secretfiles import write_private
 from kiln.serve.state import AgentState
@@ -79,8 +79,8 @@ def test_nginx_accepts_the_rendered_front(tmp_path: Path, tls: bool) -> None:
     argv = [*nginx_argv(nginx, front.layout)[:-2], "-t"]
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
-    assert '"~^Bearer kiln-Abc_def-0123456789$" default;' in config
-    assert '"~^Bearer kiln-ci-key-0123456789$" ci;' in config
+    assert '"~^(?i:bearer) +kiln-Abc_def-0123456789$" default;' in config
+    assert '"~^(?i:bearer) +kiln-ci-key-0123456789$" ci;' in config
     assert "rate=60r/m" in config
     assert "limit_conn kiln_in_flight 8;" in config
     assert all(p.removeprefix("/v1/") in config for p in PUBLIC_PATHS)
@@ -134,6 +134,34 @@ def test_the_public_health_check_answers_a_load_balancer_without_a_key(tmp_path:
     finally:
         front.terminate()
         front.wait(timeout=10)
+
+
+def _enclosing_blocks(config: str, directive: str) -> list[str]:
+    """The header of the innermost block around each line of nginx's configuration that starts with `directive`."""
+    stack: list[str] = []
+    found: list[str] = []
+    for line in config.splitlines():
+        text = line.split("#", 1)[0].strip()
+        if text.endswith("{"):
+            stack.append(text.removesuffix("{").strip())
+        elif text == "}":
+            stack.pop()
+        elif text.startswith(directive + " "):
+            found.append(stack[-1] if stack else "")
+    return found
+
+
+@pytest.mark.parametrize("tls", [True, False], ids=["tls", "plain"])
+def test_only_the_api_counts_against_the_bound_on_requests_in_flight(tmp_path: Path, tls: bool) -> None:
+    """A full endpoint still answers its load balancer's /health, and the ACME challenge with `tls: off`."""
+    keys = KeyStore((ApiKey("default", "kiln-key-0123456789"),))
+    files = TlsFiles(tmp_path / "c.crt", tmp_path / "c.key") if tls else None
+    config = nginx_config(ServeLayout(state_dir=tmp_path, http_port=8080), ProxySettings(max_in_flight=8), keys,
+                          files)
+    assert "location = /health" in config and "location ^~ /.well-known/acme-challenge/" in config
+    [where] = _enclosing_blocks(config, "limit_conn")
+    assert where.startswith("location ~ ^/v1/(")
+    assert _enclosing_blocks(config, "limit_conn_status") == [where]
 
 
 @pytest.mark.parametrize("key", ["", "has space", "quote'd", "semi;colon", "dollar$var", "brace{"])

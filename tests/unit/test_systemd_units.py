@@ -107,6 +107,11 @@ def test_every_service_is_hardened_and_started_through_kiln() -> None:
     assert writable == ["-/var/lib/kiln/home", "-/var/lib/kiln/huggingface", "-/var/lib/kiln/compile",
                         "-/var/lib/kiln/models"]
     assert values(vllm, "Service", "Environment") == ["HOME=/var/lib/kiln/home"]
+    # What holds the owner's keys and tokens is out of the model server's reach, and so is the metadata service.
+    hidden = values(vllm, "Service", "InaccessiblePaths")[0].split()
+    for secret in ("/etc/kiln", "/var/lib/cloud", "/var/lib/kiln/keys.json", "/var/lib/kiln/tls"):
+        assert f"-{secret}" in hidden, secret
+    assert values(vllm, "Service", "IPAddressDeny") == ["169.254.169.254/32"]
     assert values(parse(units["kiln-proxy.service"]), "Service", "ReadWritePaths") == ["/var/lib/kiln/proxy/tmp"]
     for name in ("kiln-router.service", "kiln-proxy.service"):
         assert values(parse(units[name]), "Service", "PrivateDevices") == ["yes"], name

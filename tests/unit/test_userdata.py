@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.choice.resolve import layers_from_inputs, merge
+from kiln.choice.schema import validate_fields
 from kiln.choice.sources import RawInputs
 from kiln.choice.userdata import MAX_USER_DATA_BYTES, extract_settings
 
@@ -106,3 +107,40 @@ def test_random_settings_never_raise(settings_doc: dict[str, object]) -> None:
     resolved = merge(layers_from_inputs(RawInputs(user_data=text.encode())))
     for problem in resolved.problems:
         assert problem.what and problem.fix
+
+
+def test_a_key_given_twice_is_a_problem_with_its_fix_and_the_rest_applies() -> None:
+    key = "kiln-shared-key-0123456789"
+    doc = f"#cloud-config\nkiln:\n  profile: qwen3-8b\n  api_key: {key}\n  api_keys: {{ci: {key}}}\n".encode()
+    resolved = merge(layers_from_inputs(RawInputs(user_data=doc)))
+    assert resolved.choice.profile == "qwen3-8b" and resolved.choice.api_key is None
+    assert resolved.choice.api_keys is not None and resolved.choice.api_keys["ci"].key == key
+    [problem] = resolved.problems
+    assert problem.field == "api_key" and "ci" in problem.what and problem.fix and key not in problem.text()
+    twice = merge(layers_from_inputs(RawInputs(user_data=f"#cloud-config\nkiln:\n  api_keys: {{a: {key}, b: {key}}}\n"
+                                               .encode())))
+    assert twice.choice.api_keys is not None and list(twice.choice.api_keys) == ["a"]
+    assert [p.field for p in twice.problems] == ["api_keys"] and "b" in twice.problems[0].what
+    # The same key from two sources: user-data's api_key, the machine's file's api_keys.
+    across = merge(layers_from_inputs(RawInputs(user_data=f"#cloud-config\nkiln:\n  api_key: {key}\n".encode(),
+                                                local_file=f"api_keys: {{ci: {key}}}\n")))
+    assert across.choice.api_key is None and across.choice.api_keys is not None
+    assert [(p.source, p.field) for p in across.problems] == [("user-data", "api_key")]
+
+
+def test_a_prefix_longer_than_the_resolved_prompt_is_a_problem_at_validation() -> None:
+    for workload, prompt in (({"prefix_len": 2000}, "1,024"), ({"preset": "chat", "prefix_len": 500}, "230")):
+        layer = validate_fields({"workload": workload, "objective": "latency"}, source="user-data")
+        assert "workload" not in layer.values and layer.values["objective"] == "latency"
+        [problem] = layer.problems
+        assert problem.field == "workload" and "prefix_len" in problem.what and prompt in problem.what
+        assert "input_len" in problem.what and problem.fix
+    assert validate_fields({"workload": {"prefix_len": 2000, "input_len": 4096}}, source="u").values["workload"]
+    assert validate_fields({"workload": {"preset": "agent", "prefix_len": 8000}}, source="u").values["workload"]
+
+
+def test_write_files_that_is_not_a_list_is_a_problem() -> None:
+    for value in ("5", "true", "{path: /etc/kiln/kiln.yaml}"):
+        got = extract_settings(f"#cloud-config\nwrite_files: {value}\nkiln:\n  profile: qwen3-8b\n".encode())
+        assert [p.field for p in got.problems] == ["write_files"] and got.problems[0].fix
+        assert got.settings == {"profile": "qwen3-8b"}  # the rest is still read

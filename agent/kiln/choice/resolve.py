@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.choice.schema import Choice, Layer, Problem, validate_fields
+from kiln.choice.schema import Choice, Layer, Problem, drop_shared_keys, validate_fields
 from kiln.choice.sources import HF_TOKEN_FILE, RawInputs
+from kiln.choice.trust import refused_from_public
 from kiln.choice.userdata import KILN_FILE, extract_settings
 from kiln.validation import YamlError, parse_yaml
 
@@ -68,9 +69,11 @@ def layers_from_inputs(raw: RawInputs) -> list[Layer]:
         layers.append(Layer(layer.source, layer.values, extracted.problems + layer.problems))
     if raw.tags:
         tagged = tags_to_settings(raw.tags)
-        hidden = [Problem("droplet tags", "hf_token", "a token in a tag is readable by anyone who can see the droplet; "
-                          "it is ignored", "put hf_token in user-data or /etc/kiln/hf_token, and delete the tag")
-                  ] if tagged.pop("hf_token", None) is not None else []
+        hidden = [Problem("droplet tags", key, f"{why}; it is ignored",
+                          f"put {key} in user-data or /etc/kiln/kiln.yaml, and delete the tag")
+                  for key in sorted(tagged) if (why := refused_from_public(key)) is not None]
+        for problem in hidden:
+            tagged.pop(problem.field)
         layer = validate_fields(tagged, source="droplet tags")
         layers.append(Layer(layer.source, layer.values, (*hidden, *layer.problems)))
     if raw.local_file is not None and raw.local_file != user_file_copy:
@@ -100,6 +103,10 @@ def merge(layers: Sequence[Layer], read_problems: Sequence[Problem] = ()) -> Res
                 origins.pop(other, None)
             values[key] = value
             origins[key] = layer.source
+    for problem in drop_shared_keys(values, lambda key: origins.get(key, "")):  # one key from two sources
+        if problem.field not in values:
+            origins.pop(problem.field, None)
+        problems.append(problem)
     return ResolvedChoice(Choice(**values), origins, tuple(problems))
 
 

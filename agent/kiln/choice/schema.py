@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -117,6 +117,7 @@ class Choice(BaseModel):
     workload: WorkloadSpec | None = None
     cluster: ClusterSetting | None = None
     do_token: str | None = Field(default=None, min_length=16, max_length=256, pattern=r"^[A-Za-z0-9_\-]+$")
+    trust_remote_code: bool | None = None  # run the model repository's own code; None: as the catalog's profile says
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -127,7 +128,7 @@ class Choice(BaseModel):
         out: dict[str, Any] = {}
         for name, spec in value.items():
             text = str(name)
-            if not re.match(KEY_NAME, text):
+            if not re.fullmatch(KEY_NAME, text):  # `$` alone would match before a final newline
                 raise ValueError(f"key name {text[:40]!r} must be 1 to 32 lowercase letters, digits, - or _")
             out[text] = {"key": spec} if isinstance(spec, str) else spec
         return out
@@ -186,6 +187,7 @@ HINTS: dict[str, str] = {
     "cluster": "{name: NAME, nodes: N} on every node (peers found by the tag kiln-cluster:NAME with do_token), "
                "or {name: NAME, nodes: N, head: HEAD_PRIVATE_IP, rank: R}",
     "do_token": "a read-only DigitalOcean API token (droplet:read), to find the cluster's nodes by tag",
+    "trust_remote_code": "true to run the model repository's own code (vLLM's --trust-remote-code); only the owner may",
 }
 
 
@@ -250,4 +252,29 @@ def validate_fields(data: Any, *, source: str) -> Layer:
         problems.append(Problem(source, "model", "both profile and model are set; profile is used",
                                 "set only one of profile or model"))
         values.pop("model")
+    problems.extend(drop_shared_keys(values, lambda _: source))
     return Layer(source, values, tuple(problems))
+
+
+def drop_shared_keys(values: dict[str, Any], source_of: Callable[[str], str]) -> list[Problem]:
+    """Each key is one name's: a key given under two names (`api_key` is the name default) keeps its first name,
+    in `values`, and the others are dropped with a problem. The key store refuses such a pair at use."""
+    problems: list[Problem] = []
+    named: dict[str, NamedKey] = dict(values.get("api_keys") or {})
+    holder: dict[str, str] = {}
+    for name, spec in sorted(named.items()):
+        if spec.key in holder:
+            del named[name]
+            problems.append(Problem(source_of("api_keys"), "api_keys", f"{name} has the same key as "
+                                    f"{holder[spec.key]}; {name} is ignored", "give each name a key of its own"))
+        else:
+            holder[spec.key] = name
+    if "api_keys" in values:
+        values["api_keys"] = named
+    api_key = values.get("api_key")
+    if api_key and "default" not in named and api_key in holder:
+        del values["api_key"]
+        problems.append(Problem(source_of("api_key"), "api_key", f"the same key as api_keys' {holder[api_key]}; "
+                                "api_key (the key named default) is ignored",
+                                f"give api_key a key of its own, or remove it and use the key as {holder[api_key]}"))
+    return problems

@@ -16,7 +16,17 @@ FALLBACK_PROFILE = "qwen3-8b"
 
 def select_profile(choice: Choice, catalog: Catalog, load_model_dir: Callable[[str], Profile],
                    fallback: str = FALLBACK_PROFILE) -> tuple[Profile, tuple[Problem, ...]]:
-    """The chosen profile, or the fallback with a problem saying why the choice could not be used."""
+    """The chosen profile, or the fallback with a problem saying why the choice could not be used; the owner's
+    trust_remote_code, when given, over the profile's."""
+    profile, problems = _selected(choice, catalog, load_model_dir, fallback)
+    if choice.trust_remote_code is None or choice.trust_remote_code == profile.serving.trust_remote_code:
+        return profile, problems
+    serving = profile.serving.model_copy(update={"trust_remote_code": choice.trust_remote_code})
+    return profile.model_copy(update={"serving": serving}), problems
+
+
+def _selected(choice: Choice, catalog: Catalog, load_model_dir: Callable[[str], Profile],
+              fallback: str) -> tuple[Profile, tuple[Problem, ...]]:
     try:
         if choice.model:
             return load_model_dir(choice.model), ()

@@ -70,7 +70,14 @@ def _from_cloud_config(text: str) -> Extracted:
                         "validate it with `cloud-init schema --config-file FILE` before launching")
     if not isinstance(doc, dict):
         return _problem("#cloud-config is not a mapping", "start with `#cloud-config` then `key: value` lines")
-    for entry in doc.get("write_files") or []:
+    entries = doc.get("write_files") or []
+    problems: tuple[Problem, ...] = ()
+    if not isinstance(entries, list):  # cloud-init's schema refuses it too; kiln's own `kiln:` may still be there
+        problems = _problem(f"write_files is {type(entries).__name__}, not a list of files",
+                            "write it as a list: `write_files:` then `  - path: /etc/kiln/kiln.yaml` entries",
+                            "write_files").problems
+        entries = []
+    for entry in entries:
         if isinstance(entry, dict) and str(entry.get("path", "")).strip() == KILN_FILE:
             content = _decode_write_file(entry)
             if content is None:
@@ -82,8 +89,8 @@ def _from_cloud_config(text: str) -> Extracted:
                 return _problem(f"the content written to {KILN_FILE} is {exc}",
                                 "indent the settings under `content: |` as `key: value` lines", "write_files")
     if "kiln" in doc:
-        return Extracted(settings=doc["kiln"])
-    return Extracted()
+        return Extracted(settings=doc["kiln"], problems=problems)
+    return Extracted(problems=problems)
 
 
 def _from_mime(message: email.message.Message) -> Extracted:

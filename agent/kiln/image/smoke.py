@@ -28,6 +28,10 @@ INSTANCE_USER = "kiln"  # kiln-vllm@.service's User=
 STATE_DIRS = ("/var/lib/kiln/home", "/var/lib/kiln/huggingface", "/var/lib/kiln/compile")
 AGENT_DIR = "/var/lib/kiln"  # the agent's own: root's, which the instances' user must not be able to write
 OBJECTIVE = "latency"  # not the default (throughput), so the plan shows the user-data was read
+# What a model server must not read as its unit runs it (kiln-vllm@.service's InaccessiblePaths=): the owner's
+# settings (written world-readable here, as a careless owner might), the user-data cloud-init keeps, the keys.
+INSTANCE_SECRETS = ("/etc/kiln/kiln.yaml", "/var/lib/cloud/instance/user-data.txt", "/var/lib/kiln/keys.json")
+METADATA_ADDRESS = "169.254.169.254"  # DigitalOcean's metadata service hands user-data to any local process
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ def user_data(profile: str, ssh_public_key: str, price_per_hour: float = 0.0) ->
     doc = {
         "users": [{"name": SMOKE_USER, "sudo": "ALL=(ALL) NOPASSWD:ALL", "shell": "/bin/bash",
                    "lock_passwd": True, "ssh_authorized_keys": [ssh_public_key.strip()]}],
-        "write_files": [{"path": "/etc/kiln/kiln.yaml", "owner": "root:root", "permissions": "0600",
+        "write_files": [{"path": "/etc/kiln/kiln.yaml", "owner": "root:root", "permissions": "0644",
                          "content": yaml.safe_dump(settings, sort_keys=False)}],
     }
     return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)
@@ -200,6 +204,8 @@ class Observed:
     unwritable_for_instances: list[str] = field(default_factory=list)  # state folders the kiln user cannot write
     agent_dir_writable: bool | None = None  # whether the kiln user can write the agent's own folder
     instance_units: dict[str, str] = field(default_factory=dict)  # kiln-vllm@NAME -> "ActiveState NRestarts"
+    readable_in_instance: list[str] | None = None  # INSTANCE_SECRETS an instance's unit could read; None: not asked
+    metadata_from_instance: str = ""  # what connecting to the metadata service from an instance's unit did
     marketplace_report: str | None = None  # DigitalOcean's 99-img-check.sh run on the booted machine
     agent_kill: AgentKill | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -244,6 +250,13 @@ def judge(seen: Observed, profile: str, expect_baked: bool = False) -> list[Chec
     checks.append(Check("the vLLM instances run as their systemd units",
                         bool(running) and running == seen.instance_units,
                         ", ".join(f"{u}: {s}" for u, s in seen.instance_units.items()) or "no instance unit"))
+    if seen.readable_in_instance is not None:
+        denied = "Operation not permitted" in seen.metadata_from_instance
+        checks.append(Check("a model server reads none of the owner's secrets and cannot reach the metadata service",
+                            not seen.readable_in_instance and denied,
+                            (f"readable in an instance's unit: {', '.join(seen.readable_in_instance)}"
+                             if seen.readable_in_instance else f"{', '.join(INSTANCE_SECRETS)} hidden")
+                            + f"; {METADATA_ADDRESS}: {seen.metadata_from_instance or 'no answer'}"))
     checks.append(Check("the public endpoint asks for the API key", seen.public_unauthorized == 401,
                         f"HTTP {seen.public_unauthorized} without a key"))
     tls = status.get("tls") or {}

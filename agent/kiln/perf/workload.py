@@ -165,8 +165,17 @@ class WorkloadSpec(BaseModel):
             raise ValueError("give concurrency or request_rate, not both")
         if self.dataset and (self.input_len or self.output_len):
             raise ValueError("give dataset or input_len/output_len, not both")
-        if self.prefix_len and self.input_len is not None and self.prefix_len >= self.input_len:
-            raise ValueError(f"prefix_len ({self.prefix_len}) must be shorter than input_len ({self.input_len})")
+        # Against the prompt the workload resolves to: the preset's or the dataset's when input_len is not given.
+        if self.input_len is not None:
+            prompt, whose = self.input_len, "input_len"
+        elif self.dataset:
+            prompt, whose = DATASETS[self.dataset].input_len, f"{self.dataset}'s mean prompt"
+        else:
+            preset = self.preset or DEFAULT_PRESET
+            prompt, whose = PRESETS[preset].workload.input_len, f"the {preset} preset's prompt"
+        if self.prefix_len and self.prefix_len >= prompt:
+            raise ValueError(f"prefix_len ({self.prefix_len}) must be shorter than {whose} ({prompt:,} tokens); "
+                             "give input_len above it, or a shorter prefix_len")
         return self
 
 

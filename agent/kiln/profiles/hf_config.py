@@ -405,8 +405,10 @@ def read_architecture(raw: Mapping[str, Any], family: Family, params: Params) ->
 def serving_for(family: Family, mtp_layers: int, mtp_params: int) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
     """The serving block and speculators a model of the family gets without a profile, and where they come from."""
     settings = family.serving
-    serving: dict[str, Any] = {key: settings[key] for key in
-                               ("tool_call_parser", "reasoning_parser", "trust_remote_code") if key in settings}
+    # Not trust_remote_code: a Hub repository's code runs only where the owner says so (user-data
+    # `trust_remote_code: true`) or the catalog's profile names the repository; the origin says what the recipe does.
+    serving: dict[str, Any] = {key: settings[key] for key in ("tool_call_parser", "reasoning_parser")
+                               if key in settings}
     if settings.get("extra_args"):
         serving["extra_args"] = list(settings["extra_args"])
     speculative: list[dict[str, Any]] = []
@@ -416,6 +418,9 @@ def serving_for(family: Family, mtp_layers: int, mtp_params: int) -> tuple[dict[
                             "draft_params": mtp_params, "source": family.recipe or ""})
     origin = (f"settings of the {family.label} family from vLLM's recipe {family.recipe}" if family.recipe
               else f"no vLLM recipe for the {family.label} family: no parsers and no speculator (safe defaults)")
+    if settings.get("trust_remote_code"):
+        origin += ("; the recipe runs the repository's own code (--trust-remote-code), which kiln allows only with "
+                   "trust_remote_code: true in your settings")
     return serving, speculative, origin
 
 

@@ -129,7 +129,7 @@ class Agent:
         except OSError as exc:
             log.warning("could not write %s (`kiln reload` will not find the agent): %s", pid_file, exc)
         try:
-            self._boot()
+            self._boot_reported()
             next_meter = time.monotonic() + METER_INTERVAL_S
             while not self.stopping.wait(LOOP_S):
                 if self.reload_requested.is_set():
@@ -156,6 +156,21 @@ class Agent:
 
     def stop(self) -> None:
         self.stopping.set()
+
+    def _boot_reported(self) -> None:
+        """The boot, whatever it meets: a failure is said on /status, in the journal and the MOTD, and the agent keeps
+        answering (its health endpoint, reloads, a stop); never a traceback that takes it down."""
+        state_dir = self.options.layout.state_dir
+        try:
+            self._boot()
+        except OSError as exc:  # a full, read-only or broken state disk
+            self._fail(f"{exc.filename or state_dir} cannot be written: {exc.strerror or exc}",
+                       f"free space on its disk or repair it (`df -h {state_dir}`), then restart kiln "
+                       "(`systemctl restart kiln-agent`, or `kiln up` again)")
+        except Exception as exc:
+            log.exception("the boot failed")
+            self._fail(f"the agent failed while starting: {exc.__class__.__name__}: {exc}",
+                       "see the journal (`journalctl -u kiln-agent`) and report it; restart kiln to try again")
 
     def request_reload(self) -> None:
         """SIGHUP (`kiln reload`, `systemctl reload kiln-agent`): re-read the choice and the keys."""

@@ -50,11 +50,21 @@ class Endpoint:
             except KilnError:  # nginx keeps serving the configuration before; so do /status and the MOTD
                 self.front.keys, self.front.tls = before
                 raise
+            except ValueError as exc:  # a key change that cannot be made (KeyChangeError): the same, never an exit
+                self.front.keys, self.front.tls = before
+                raise KilnError(f"the keys cannot change: {exc}; the endpoint keeps the keys before",
+                                fix="`kiln keys list`, correct the keys in /etc/kiln/kiln.yaml, then `kiln reload`"
+                                ) from exc
             except OSError as exc:  # a full disk: the same, said as such
                 self.front.keys, self.front.tls = before
                 raise KilnError(f"the endpoint's files cannot be written ({exc.strerror}: {exc.filename}); the "
                                 "endpoint keeps serving as before",
                                 fix=f"free space on {self.front.layout.state_dir}'s disk, then `kiln reload`") from exc
+        for problem in self.front.key_problems:  # left out; the other keys are in force
+            log.warning("keys: %s", problem.text())
+        if self.front.key_problems:
+            first = self.front.key_problems[0]
+            self.state.fail(": ".join(x for x in (first.source, first.field, first.what) if x), first.fix)
         if tls.problem:
             log.warning("%s", tls.problem.text())
             self.state.fail(f"{tls.problem.source}: {tls.problem.field}: {tls.problem.what}", tls.problem.fix)

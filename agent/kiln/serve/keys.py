@@ -56,13 +56,20 @@ class KeyStore:
     def redact(self, text: str) -> str:
         return redact(text, [k.secret for k in self.keys])
 
-    def _put(self, key: ApiKey) -> KeyStore:
-        if not re.match(KEY_NAME, key.name):
-            raise KeyChangeError(f"key name {key.name!r} must be 1 to 32 lowercase letters, digits, - or _")
-        if not re.match(KEY_SECRET, key.secret) or not 16 <= len(key.secret) <= 256:
+    def _check(self, key: ApiKey) -> None:
+        # fullmatch: `$` alone matches before a final newline, which nginx's configuration cannot hold.
+        if not re.fullmatch(KEY_NAME, key.name):
+            raise KeyChangeError(f"key name {key.name[:40]!r} must be 1 to 32 lowercase letters, digits, - or _")
+        if not re.fullmatch(KEY_SECRET, key.secret) or not 16 <= len(key.secret) <= 256:
             raise KeyChangeError("a key is 16 to 256 characters of letters, digits and ._~+-")
+        rate = key.requests_per_minute
+        if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool) or not 1 <= rate <= 1_000_000):
+            raise KeyChangeError("a rate limit is a whole number of requests per minute, 1 to 1,000,000")
         if any(k.secret == key.secret and k.name != key.name for k in self.keys):
             raise KeyChangeError("that key is already in use under another name")
+
+    def _put(self, key: ApiKey) -> KeyStore:
+        self._check(key)
         kept = tuple(k for k in self.keys if k.name != key.name)
         return KeyStore(tuple(sorted((*kept, key), key=lambda k: k.name)), self.revoked - {key.name})
 
@@ -115,10 +122,37 @@ class KeyStore:
 
     @staticmethod
     def from_json(text: str) -> KeyStore:
+        return KeyStore.read_json(text)[0]
+
+    @staticmethod
+    def read_json(text: str) -> tuple[KeyStore, tuple[str, ...]]:
+        """The store keys.json holds, and why each entry kiln would not have written (a hand edit) is left out: one
+        bad entry neither stops the endpoint nor reaches nginx's configuration. A file that is no store at all raises
+        (ValueError, KeyError, TypeError): then nothing is replaced."""
         data: dict[str, Any] = json.loads(text)
-        keys = tuple(ApiKey(k["name"], k["key"], k.get("requests_per_minute"), k.get("origin", "kiln keys"))
-                     for k in data.get("keys", []))
-        return KeyStore(keys, frozenset(data.get("revoked", [])))
+        entries, revoked = data.get("keys", []), data.get("revoked", [])
+        if not isinstance(entries, list) or not isinstance(revoked, list):
+            raise TypeError("keys and revoked are lists")
+        store, dropped = KeyStore(revoked=frozenset(n for n in revoked if isinstance(n, str))), []
+        for n, entry in enumerate(entries, 1):
+            if not isinstance(entry, dict):
+                dropped.append(f"entry {n} is not a key (a mapping of name, key and requests_per_minute)")
+                continue
+            name, secret, origin = entry.get("name"), entry.get("key"), entry.get("origin", "kiln keys")
+            label = f"the key named {name[:40]!r}" if isinstance(name, str) else f"entry {n}"
+            if not isinstance(name, str) or not isinstance(secret, str) or not isinstance(origin, str):
+                dropped.append(f"{label} has no name or key as text")
+                continue
+            key = ApiKey(name, secret, entry.get("requests_per_minute"), origin)
+            try:
+                if store.get(name):
+                    raise KeyChangeError("its name is given twice; the first is kept")
+                store._check(key)
+            except KeyChangeError as exc:
+                dropped.append(f"{label} is left out: {exc}")
+                continue
+            store = replace(store, keys=(*store.keys, key))
+        return store, tuple(dropped)
 
 
 def declared_keys(api_key: str | None, api_keys: Mapping[str, NamedKey] | None) -> dict[str, NamedKey]:

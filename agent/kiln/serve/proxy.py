@@ -80,7 +80,8 @@ def _key_lines(keys: KeyStore) -> tuple[str, str, str]:
             raise ValueError(f"the key named {key.name} holds characters nginx cannot take literally")
     # A regular expression (`~`) compares exactly: nginx compares a map's plain strings without regard to case, so a
     # key with its letters' case changed would pass, and two such keys would make a configuration nginx refuses.
-    names = "\n".join(f'        "~^Bearer {_literal(k.secret)}$" {k.name};' for k in keys.keys)
+    # The scheme alone is compared without regard to case, as RFC 7235 says.
+    names = "\n".join(f'        "~^(?i:bearer) +{_literal(k.secret)}$" {k.name};' for k in keys.keys)
     zones, limits = [], []
     for i, key in enumerate(k for k in keys.keys if k.requests_per_minute):
         rate = key.requests_per_minute or 0
@@ -226,8 +227,6 @@ http {{
         }}
 {error_locations}
 
-        limit_conn kiln_in_flight {settings.max_in_flight};
-        limit_conn_status 429;
         location @overloaded {{
             if ($limit_req_status = REJECTED) {{
                 add_header Retry-After 60 always;
@@ -262,6 +261,10 @@ http {{
             if ($kiln_key = "") {{
                 return 401;
             }}
+            # Here, not on the server: a full endpoint still answers its load balancer's /health (429 would have the
+            # balancer eject the busiest machine first) and the ACME challenge.
+            limit_conn kiln_in_flight {settings.max_in_flight};
+            limit_conn_status 429;
 {rate_limits}
             proxy_pass http://kiln_router;
             proxy_http_version 1.1;

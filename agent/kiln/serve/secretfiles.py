@@ -6,8 +6,10 @@ import contextlib
 import logging
 import os
 import stat
+import tempfile
 from pathlib import Path
 
+from kiln.choice.schema import Problem
 from kiln.errors import KilnError
 from kiln.serve.keys import DEFAULT_NAME, ApiKey, KeyStore
 
@@ -15,17 +17,29 @@ log = logging.getLogger("kiln.agent")
 
 
 def write_private(path: Path, text: str, mode: int = 0o600) -> None:
-    """Write a file only its owner can read (or `mode`), atomically: it never exists with wider permissions."""
+    """Write a file only its owner can read (or `mode`), atomically and durably: it never exists with wider
+    permissions, and after a crash it holds the old text or the new one, never an empty file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    # A fresh file, never through a link someone left at the temporary name; replace() does not follow either.
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    # A fresh file of its own name (0600, O_EXCL, never through a link), so that two writers never share one; in
+    # the same folder, so that replace() is a rename, which does not follow a link at `path` either.
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)  # the rename itself
+    finally:
+        os.close(folder)
 
 
 MAX_KEY_FILE_BYTES = 2**20  # the key store, a certificate chain
@@ -53,10 +67,20 @@ class KeyStoreError(KilnError):
 
 def load_keys(path: Path, legacy_key_file: Path | None = None) -> KeyStore:
     """The machine's key store; an earlier boot's single key (the api_key file) becomes the key named default."""
+    store, problems = load_keys_checked(path, legacy_key_file)
+    for problem in problems:
+        log.warning("%s", problem.text())
+    return store
+
+
+def load_keys_checked(path: Path, legacy_key_file: Path | None = None) -> tuple[KeyStore, tuple[Problem, ...]]:
+    """load_keys, with a problem for each entry of the store that is left out (kiln.serve.keys.KeyStore.read_json)."""
     text = read_private(path)
     if text is not None:
         try:
-            return KeyStore.from_json(text)
+            store, dropped = KeyStore.read_json(text)
+            return store, tuple(Problem(str(path), "", what, f"correct it in {path}, or `kiln keys add NAME` for a "
+                                        "new key; then `kiln reload`") for what in dropped)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             # Never a new store in its place: every client's key and every revocation would be lost.
             raise KeyStoreError(f"the key store {path} cannot be read ({exc.__class__.__name__}); it is kept as it "
@@ -65,8 +89,8 @@ def load_keys(path: Path, legacy_key_file: Path | None = None) -> KeyStore:
                                     "again from user-data's keys and a new default key; then `kiln reload`") from None
     old = (read_private(legacy_key_file) or "").strip() if legacy_key_file else ""
     if old:
-        return KeyStore((ApiKey(DEFAULT_NAME, old, origin="generated"),))
-    return KeyStore()
+        return KeyStore((ApiKey(DEFAULT_NAME, old, origin="generated"),)), ()
+    return KeyStore(), ()
 
 
 def save_keys(path: Path, store: KeyStore) -> None:

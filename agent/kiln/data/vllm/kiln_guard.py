@@ -1,10 +1,11 @@
 """Bounds inside each vLLM server that nginx cannot see (loaded with `--middleware kiln_guard.RequestGuard`;
 self-contained, as vLLM's Python imports it apart from kiln).
 
-- `n` and `best_of` per request: at most KILN_MAX_N sequences (a 400 beyond, shaped as OpenAI's errors), so one
-  request cannot queue thousands of sequences in front of everyone else's.
-- Sequences in flight: nginx bounds requests; a request asking for n sequences weighs n here, and beyond
-  KILN_MAX_SEQUENCES in this server the request is refused with 429 and Retry-After, as nginx refuses requests.
+- `n` and `best_of` per request, as vLLM reads them (16.0 and "16" are 16): at most KILN_MAX_N sequences (a 400
+  beyond, shaped as OpenAI's errors), so one request cannot queue thousands of sequences in front of everyone else's.
+- Sequences in flight: nginx bounds requests; a request of p prompts asking for n sequences weighs p x n here; beyond
+  KILN_MAX_SEQUENCES in this server the request is refused with 429 and Retry-After, as nginx refuses requests, and
+  one that alone exceeds it with 400.
 - `/v1/models` names a model by its id in `root` too, never by its folder on the server.
 """
 
@@ -14,6 +15,8 @@ import json
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError  # vLLM's own request models are pydantic's
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -26,17 +29,45 @@ MAX_BODY = 64 * 2**20  # nginx's client_max_body_size
 RETRY_AFTER_S = 2
 
 
-def sequences_asked(body: bytes) -> int:
-    """How many sequences a request's body asks for: the larger of n and best_of (1 when unreadable: vLLM itself
-    answers a body it cannot read)."""
+_AS_INT = TypeAdapter(int)
+
+
+def _as_vllm_reads(value: object) -> int | None:
+    """An integer field as vLLM's request model reads it: pydantic's lax mode takes 16.0, "16" and " 1_6 " as 16.
+    None: vLLM refuses the value itself."""
+    try:
+        return _AS_INT.validate_python(value)
+    except ValidationError:
+        return None
+
+
+def _request(body: bytes) -> dict[str, Any]:
+    """The request's JSON object; {} when unreadable (vLLM itself answers a body it cannot read)."""
     try:
         request = json.loads(body)
     except ValueError:
-        return 1
-    if not isinstance(request, dict):
-        return 1
-    asked = [v for v in (request.get("n"), request.get("best_of")) if isinstance(v, int) and not isinstance(v, bool)]
-    return max([1, *asked])
+        return {}
+    return request if isinstance(request, dict) else {}
+
+
+def _per_prompt(request: dict[str, Any]) -> int:
+    """The sequences one prompt asks for: the larger of n and best_of."""
+    asked = [_as_vllm_reads(request[field]) for field in ("n", "best_of") if request.get(field) is not None]
+    return max([1, *(v for v in asked if v is not None)])
+
+
+def _prompts(request: dict[str, Any]) -> int:
+    """A completion's prompts: a list of texts or of token-id lists is one prompt each; one list of ids is one."""
+    prompt = request.get("prompt")
+    if isinstance(prompt, list) and not all(isinstance(p, int) for p in prompt):
+        return max(1, len(prompt))
+    return 1
+
+
+def sequences_asked(body: bytes) -> int:
+    """How many sequences a request's body asks for: its prompts times the larger of n and best_of."""
+    request = _request(body)
+    return _prompts(request) * _per_prompt(request)
 
 
 def error_body(message: str, kind: str, code: str, param: str | None = None) -> bytes:
@@ -82,11 +113,19 @@ class RequestGuard:
             messages.append(message)
             body += message.get("body", b"")
             more = message.get("more_body", False) and message.get("type") == "http.request"
-        asked = sequences_asked(body)
-        if asked > self.max_n:
+        request = _request(body)
+        per_prompt = _per_prompt(request)
+        asked = _prompts(request) * per_prompt
+        if per_prompt > self.max_n:
             await _answer(send, 400, error_body(
-                f"n and best_of may be at most {self.max_n} on this server (asked: {asked})",
+                f"n and best_of may be at most {self.max_n} on this server (asked: {per_prompt})",
                 "invalid_request_error", "too_many_sequences", "n"))
+            return
+        if self.max_sequences and asked > self.max_sequences:  # would hold the server alone, ahead of everyone
+            await _answer(send, 400, error_body(
+                f"a request may ask for at most {self.max_sequences} sequences on this server, its prompts times n "
+                f"(asked: {asked}); send the prompts in smaller lists", "invalid_request_error",
+                "too_many_sequences", "prompt"))
             return
         if self.max_sequences and self.in_flight + asked > self.max_sequences and self.in_flight > 0:
             await _answer(send, 429, error_body(
