@@ -142,3 +142,22 @@ def test_the_health_endpoint_listens_with_room_for_a_burst_of_checks(agent: Serv
                                check=True).stdout.split()
     somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
     assert int(listening[2]) == min(1024, somaxconn)
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_link_or_fifo_at_the_store_is_refused_and_every_key_kept(tmp_path: Path, kind: str,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    real = ServeLayout(state_dir=tmp_path / "real")
+    save_keys(real.keys_file, KeyStore((ApiKey("ci", KEY),)))
+    layout = ServeLayout(state_dir=tmp_path / "state")
+    layout.state_dir.mkdir()
+    if kind == "link":
+        layout.keys_file.symlink_to(real.keys_file)
+    else:
+        os.mkfifo(layout.keys_file)
+    nowhere = f"http://127.0.0.1:{_free_port()}"
+    for argv in (["keys", "list"], ["keys", "add", "team"]):
+        assert main([*argv, "--state-dir", str(layout.state_dir), "--health", nowhere]) == 2
+        assert "is not a regular file" in capsys.readouterr().err
+    assert layout.keys_file.is_symlink() if kind == "link" else layout.keys_file.is_fifo()
+    assert load_keys(real.keys_file).names() == ["ci"]

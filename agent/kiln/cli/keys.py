@@ -21,7 +21,7 @@ from kiln.errors import ConfigError, KilnError
 from kiln.serve.filelock import held
 from kiln.serve.keys import KeyChangeError, KeyStore
 from kiln.serve.layout import HEALTH_PORT, ServeLayout
-from kiln.serve.secretfiles import load_keys, read_private, save_keys
+from kiln.serve.secretfiles import load_keys, save_keys
 from kiln.wiring import Kiln
 
 RELOAD_WAIT_S = 60.0  # reading a new plan may ask the Hub
@@ -142,7 +142,7 @@ def _no_store(agent: LocalAgent) -> KilnError:
 def cmd_keys(_kiln: Kiln, args: argparse.Namespace) -> int:
     agent = locate(args.state_dir, args.health)
     layout = agent.layout
-    if not agent.running and args.action != "add" and read_private(layout.keys_file) is None:
+    if not agent.running and args.action != "add" and not os.path.lexists(layout.keys_file):
         raise _no_store(agent)
     if not args.json:
         print(agent.said(), file=sys.stderr)

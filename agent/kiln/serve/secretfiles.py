@@ -75,6 +75,12 @@ def load_keys(path: Path, legacy_key_file: Path | None = None) -> KeyStore:
 
 def load_keys_checked(path: Path, legacy_key_file: Path | None = None) -> tuple[KeyStore, tuple[Problem, ...]]:
     """load_keys, with a problem for each entry of the store that is left out (kiln.serve.keys.KeyStore.read_json)."""
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+        # A link, a FIFO or a folder where the store should be: never read as "no store", which would replace every
+        # key and revocation with a new default key.
+        raise KeyStoreError(f"the key store {path} is not a regular file ({_kind(path)}); it is kept as it is and no "
+                            "key changed", fix=f"move it aside (`mv {path} {path}.bad`) and restore the store from a "
+                                               "copy, or start again from user-data's keys; then `kiln reload`")
     text = read_private(path)
     if text is not None:
         try:
@@ -91,6 +97,12 @@ def load_keys_checked(path: Path, legacy_key_file: Path | None = None) -> tuple[
     if old:
         return KeyStore((ApiKey(DEFAULT_NAME, old, origin="generated"),)), ()
     return KeyStore(), ()
+
+
+def _kind(path: Path) -> str:
+    mode = os.lstat(path).st_mode
+    return ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+            "a folder" if stat.S_ISDIR(mode) else "not a file")
 
 
 def save_keys(path: Path, store: KeyStore) -> None:
