@@ -203,6 +203,10 @@ http {{
     }}
 {rate_zones}
     limit_req_status 429;
+    # A refusal is the client's 429 and a count on /metrics, not an error line: at nginx's default level one key
+    # over its rate wrote about 2 MB/s to the log.
+    limit_req_log_level info;
+    limit_conn_log_level info;
     map $upstream_http_content_type $kiln_upstream_json {{
         default "";
         ~*json 1;
