@@ -33,7 +33,7 @@ from kiln.serve.meter import TokenMeter
 from kiln.serve.ownership import give_to_user, keep_for_root, share_with_group
 from kiln.serve.proxy import PUBLIC_PATHS, ProxySettings, TlsFiles, nginx_argv, nginx_config
 from kiln.serve.router import RouterSettings, router_argv
-from kiln.serve.secretfiles import write_private
+from kiln.serve.secretfiles import KeyStoreError, write_private
 from kiln.serve.state import AgentState
 from kiln.serve.systemd_units import SystemdUnits, Unit
 from kiln.wiring import Kiln
@@ -362,9 +362,10 @@ def test_links_the_instances_user_plants_are_refused(traversable_tmp: Path) -> N
         subprocess.run(["ln", "-s", str(secret), str(link)], check=True, preexec_fn=_as_nobody)
         assert link.is_symlink() and link.lstat().st_uid == NOBODY
 
-    key = _front(state).load_keys(None, None).get("default")
-    assert key is not None and key.secret.startswith("kiln-") and "secret" not in key.secret
-    assert not (state / "keys.json").is_symlink() and stat.S_IMODE((state / "keys.json").stat().st_mode) == 0o600
+    # Refused, neither followed nor replaced by a new store (which would drop every key and revocation).
+    with pytest.raises(KeyStoreError, match="not a regular file"):
+        _front(state).load_keys(None, None)
+    assert (state / "keys.json").is_symlink()
     give_to_user("nobody", state, [state / "models"])
     assert secret.stat().st_uid == 0 and secret.read_text() == "root's secret\n"
     assert (state / "models" / "config.json").lstat().st_uid == NOBODY
@@ -377,3 +378,27 @@ def test_metrics_that_do_not_parse_are_unknown_not_idle() -> None:
     assert prom.requests_in_flight(text.replace("3.0", "0.0").replace("1.0", "0.0")) == 0
     assert prom.requests_in_flight(text[:-20] + "{broken") is None  # cut mid-answer
     assert prom.requests_in_flight("") is None and prom.requests_in_flight("# TYPE other gauge\nother 0\n") is None
+
+
+def test_a_running_unit_is_read_from_its_cgroup_and_systemctl_only_on_a_change(tmp_path: Path) -> None:
+    """The supervisor asks every unit each tick: systemctl ran once per unit and tick (about 20 a second on an
+    8-GPU machine); now the unit's cgroup.events says whether anything changed, and systemctl answers only then."""
+    cgroup = "/system.slice/system-kiln\\x2dvllm.slice/kiln-vllm@vllm-0.service"
+    events = tmp_path / cgroup.lstrip("/") / "cgroup.events"
+    events.parent.mkdir(parents=True)
+    events.write_text("populated 1\nfrozen 0\n")
+    shown = {"ActiveState": "active", "MainPID": "2211", "ExecMainStatus": "0", "ControlGroup": cgroup}
+    calls: list[list[str]] = []
+
+    def systemctl(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "".join(f"{k}={v}\n" for k, v in shown.items()), "")
+
+    unit = Unit("kiln-vllm@vllm-0.service", systemctl, cgroup_root=tmp_path)
+    for _ in range(40):  # 20 s of ticks, and /status asking its pid
+        assert unit.exit_code() is None and unit.pid == 2211
+    assert len(calls) == 1
+    events.write_text("populated 0\nfrozen 0\n")  # the kernel's word: its last process ended
+    shown.update(ActiveState="failed", MainPID="0", ExecMainStatus="137")
+    assert unit.exit_code() == 137 and unit.pid == 0
+    assert len(calls) == 2

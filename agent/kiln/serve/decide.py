@@ -33,7 +33,7 @@ OVERRIDES = ("objective", "max_model_len", "instances", "tensor_parallel_size", 
              "expert_parallel", "quantization", "kv_cache_dtype", "speculative_decoding", "gpu_memory_utilization",
              "workload")
 NOT_OVERRIDES = ("profile", "model", "revision", "api_key", "hf_token", "price_per_hour", "api_keys", "tls", "cluster",
-                 "do_token")
+                 "do_token", "trust_remote_code")
 
 
 @dataclass

@@ -16,6 +16,7 @@ from kiln.processes import ProcessSpec
 from kiln.render.systemd import instance_unit_name
 
 RUNTIME_UNIT_DIR = Path("/run/systemd/system")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 SERVICE_UNITS = {"proxy": "kiln-proxy.service", "router": "kiln-router.service"}
 
 Run = Callable[[list[str]], subprocess.CompletedProcess[str]]
@@ -40,12 +41,29 @@ def unit_of(name: str) -> str:
 
 
 class Unit:
-    """A started unit, seen through `systemctl show`."""
+    """A started unit, seen through `systemctl show` when the kernel says its processes changed: its cgroup's
+    cgroup.events file (a read, no subprocess) says whether any process is left, so the supervisor's every tick does
+    not run systemctl once per unit."""
 
-    def __init__(self, unit: str, run: Run, journal: Callable[[list[str]], str] = run_journalctl) -> None:
+    def __init__(self, unit: str, run: Run, journal: Callable[[list[str]], str] = run_journalctl,
+                 cgroup_root: Path = CGROUP_ROOT) -> None:
         self.unit = unit
         self.run = run
         self.journal = journal
+        self.cgroup_root = cgroup_root
+        self._events: Path | None = None  # the unit's cgroup.events, once systemd has named its cgroup
+        self._pid: int | None = None  # MainPID as systemd last said it
+
+    def _populated(self) -> bool | None:
+        """Whether a process is left in the unit's cgroup; None when the kernel cannot tell (no cgroup v2 here, or
+        no cgroup yet)."""
+        if self._events is None:
+            return None
+        try:
+            lines = self._events.read_text(encoding="ascii").splitlines()
+        except OSError:
+            return None
+        return next((line.split()[1] == "1" for line in lines if line.startswith("populated ")), None)
 
     def log_lines(self) -> list[str]:
         """What the unit's current run has logged to the journal."""
@@ -56,14 +74,21 @@ class Unit:
                              "--no-pager"]).splitlines()
 
     def _show(self) -> dict[str, str]:
-        out = self.run(["show", self.unit, "-p", "ActiveState,MainPID,ExecMainStatus,NRestarts"]).stdout
-        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        out = self.run(["show", self.unit, "-p", "ActiveState,MainPID,ExecMainStatus,NRestarts,ControlGroup"]).stdout
+        props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        if props.get("ControlGroup"):
+            self._events = self.cgroup_root / props["ControlGroup"].lstrip("/") / "cgroup.events"
+        self._pid = int(props.get("MainPID") or 0)
+        return props
 
     @property
     def pid(self) -> int:
-        return int(self._show().get("MainPID") or 0)
+        """The main process as last seen: a report never waits on systemctl."""
+        return self._pid if self._pid is not None else int(self._show().get("MainPID") or 0)
 
     def exit_code(self) -> int | None:
+        if self._pid and self._populated():  # it runs, and nothing changed since systemd last said so
+            return None
         props = self._show()
         if props.get("ActiveState") in ("failed", "inactive"):
             return int(props.get("ExecMainStatus") or 1)
