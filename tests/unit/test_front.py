@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import requests
@@ -135,7 +136,10 @@ class Upstream(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    posts: ClassVar[list[str]] = []  # every POST that reached the router, across the test's servers
+
     def do_POST(self) -> None:
+        Upstream.posts.append(self.path)
         received = len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         if self.headers.get("X-Answer"):
             self._answer(self.headers["X-Answer"], received)
@@ -543,3 +547,13 @@ def test_a_key_over_its_rate_gets_429s_and_writes_no_error_lines(running: Runnin
     codes = [running.get("kiln-ci-key-0123456789").status_code for _ in range(40)]
     assert codes.count(429) >= 30
     assert "limiting requests" not in running.log.read_text(errors="replace")
+
+
+def test_a_request_vllm_answers_with_an_error_runs_once_and_its_words_reach_the_client(running: Running) -> None:
+    """A 500 ran four times (nginx passed it on to the router thrice, then asked again for vLLM's body)."""
+    key = {"Authorization": "Bearer kiln-default-key-0123456789"}
+    Upstream.posts.clear()
+    reply = requests.post(f"{running.base}/v1/completions", headers={**key, "X-Answer": "500json"},
+                          json={"prompt": "abc"}, verify=running.cert, timeout=10)
+    assert reply.status_code == 500 and reply.json()["error"]["message"] == "vLLM says why (17 bytes)"
+    assert Upstream.posts == ["/v1/completions"]

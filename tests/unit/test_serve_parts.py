@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import os
 import shutil
 import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import requests
@@ -32,7 +36,7 @@ from kiln.serve.layout import ServeLayout
 from kiln.serve.meter import TokenMeter
 from kiln.serve.ownership import give_to_user, keep_for_root, share_with_group
 from kiln.serve.proxy import PUBLIC_PATHS, ProxySettings, TlsFiles, nginx_argv, nginx_config
-from kiln.serve.router import RouterSettings, router_argv
+from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
 from kiln.serve.secretfiles import KeyStoreError, write_private
 from kiln.serve.state import AgentState
 from kiln.serve.systemd_units import SystemdUnits, Unit
@@ -402,3 +406,69 @@ def test_a_running_unit_is_read_from_its_cgroup_and_systemctl_only_on_a_change(t
     shown.update(ActiveState="failed", MainPID="0", ExecMainStatus="137")
     assert unit.exit_code() == 137 and unit.pid == 0
     assert len(calls) == 2
+
+
+class _FailingWorker(BaseHTTPRequestHandler):
+    """A vLLM server's stand-in behind the real router: healthy, and answering every completion with vLLM's 500."""
+
+    protocol_version = "HTTP/1.1"
+    completions: ClassVar[list[bytes]] = []
+
+    def do_GET(self) -> None:
+        self._json(200, {"status": "ok"} if self.path == "/health" else
+                   {"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        _FailingWorker.completions.append(body)
+        if b'"bad"' in body:
+            self._json(500, {"error": {"message": "grammar failed", "type": "InternalServerError", "code": 500}})
+        else:
+            self._json(200, {"object": "text_completion", "choices": [{"text": "ok", "index": 0}]})
+
+    def _json(self, code: int, data: object) -> None:
+        body = json.dumps(data).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_the_router_runs_a_failing_request_once_and_clients_cannot_open_its_breaker() -> None:
+    """Real vllm-router with kiln's command line: its retries ran a request vLLM answered with 500 four times, and
+    four such requests at once opened its circuit breaker on every worker (503 to everyone for 60 s)."""
+    binary = find_router()
+    if binary is None:
+        pytest.skip("vllm-router is not installed (ci/setup.sh installs it)")
+    worker = ThreadingHTTPServer(("127.0.0.1", 0), _FailingWorker)
+    worker.daemon_threads = True
+    threading.Thread(target=worker.serve_forever, daemon=True).start()
+    layout = ServeLayout(router_port=_free_port(), router_metrics_port=_free_port())
+    router = subprocess.Popen(router_argv(binary, layout, RouterSettings()), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        client = RouterClient(layout.router_url)
+        deadline = time.monotonic() + 20
+        while not client.ready():
+            assert time.monotonic() < deadline and router.poll() is None
+            time.sleep(0.1)
+        client.add(f"http://127.0.0.1:{worker.server_address[1]}")
+        _FailingWorker.completions.clear()
+
+        def complete(prompt: str) -> int:
+            return requests.post(f"{layout.router_url}/v1/completions", json={"model": "tiny", "prompt": prompt},
+                                 timeout=30).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            failed = list(pool.map(complete, ["bad"] * 8))
+        assert failed == [500] * 8
+        assert len(_FailingWorker.completions) == 8  # each ran once
+        assert [complete("good") for _ in range(3)] == [200] * 3  # and the next clients are served
+    finally:
+        router.terminate()
+        router.wait(timeout=10)
+        worker.shutdown()

@@ -41,9 +41,10 @@ NGINX_ERRORS = {400: ("the request cannot be read (malformed HTTP or headers too
                 504: ("the model instance did not answer in time; retry", "server_error", "timeout")}
 # Turned to JSON on the API's paths: nginx's own (413, 502, 504) and the router's plain-text answers (405, 422, 503).
 API_ERRORS = (405, 413, 415, 422, 502, 503, 504)
-# Answered by vLLM in JSON (what is wrong) and by the router in plain text: vLLM's is asked for again, uncaught.
-REPLAYED = {400: ("the request body is not valid JSON for this API", "invalid_request_error", "invalid_json"),
-            500: ("internal error; retry", "server_error", "internal_error")}
+# Answered by vLLM in JSON (what is wrong) and by the router in plain text: vLLM's is asked for again, uncaught. A
+# refusal ran nothing, so asking again costs nothing; a 500 is not caught at all (the request ran, and must not run
+# again): vLLM's JSON passes as it is.
+REPLAYED = {400: ("the request body is not valid JSON for this API", "invalid_request_error", "invalid_json")}
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 
 
@@ -214,7 +215,7 @@ http {{
     limit_conn_zone $server_port zone=kiln_in_flight:1m;
 
     # The router listed once per try: nginx passes a request on to the "next" server only while no byte of the
-    # answer has gone out (vllm-router answers 500 without retrying when a stream's worker died between checks).
+    # answer has gone out, and only where the router could not be reached or had no worker.
     upstream kiln_router {{
 {servers}
         keepalive 128;
@@ -276,7 +277,8 @@ http {{
             proxy_set_header Authorization "";
             proxy_set_header {KEY_HEADER} $kiln_key;
             proxy_set_header X-Request-Id $request_id;
-            proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;
+            # Only where the router itself did not answer or had no worker: an answer, an error too, is never sent again.
+            proxy_next_upstream error timeout http_502 http_503 non_idempotent;
             proxy_next_upstream_tries {RETRIES + 1};
             # The router's plain-text answers become JSON; vLLM's own JSON errors (404, 500) pass as they are.
             proxy_intercept_errors on;

@@ -26,7 +26,6 @@ class RouterSettings:
     health_check_timeout_s: int = 5
     health_failure_threshold: int = 3
     request_timeout_s: int = 1800
-    max_retries: int = 3
 
 
 def router_argv(binary: str, layout: ServeLayout, settings: RouterSettings) -> tuple[str, ...]:
@@ -41,9 +40,11 @@ def router_argv(binary: str, layout: ServeLayout, settings: RouterSettings) -> t
         "--health-failure-threshold", str(settings.health_failure_threshold),
         "--health-success-threshold", "1",
         "--request-timeout-secs", str(settings.request_timeout_s),
-        "--retry-max-retries", str(settings.max_retries),
-        "--retry-initial-backoff-ms", "50",
-        "--retry-max-backoff-ms", "1000",
+        # A request runs once: the router's retries sent one that vLLM answered with 500 up to four times. Nor may
+        # clients' failing requests open its circuit breakers and take every worker out for a minute: a dead
+        # instance leaves routing when its process ends (the supervisor), a hung one by the health check.
+        "--disable-retries",
+        "--disable-circuit-breaker",
         "--worker-startup-timeout-secs", "30",
         "--worker-startup-check-interval", "1",
         "--log-level", "warning",
