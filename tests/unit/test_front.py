@@ -121,16 +121,19 @@ class Upstream(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _answer(self, answer: str, received: int = 0) -> None:
-        """The router's own answers: plain text, an empty 405, a dropped connection; and vLLM's JSON 400."""
+        """The router's own answers: plain text, an empty 405, a dropped connection; and vLLM's errors as its guard
+        hands them on (kiln_guard.py: a 400 as 520, a 500 as 521, the JSON also in X-Kiln-Error)."""
         if answer == "drop":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         code = int(answer.removesuffix("json"))
         body = (json.dumps({"error": {"message": f"vLLM says why ({received} bytes)", "type": "BadRequestError",
-                                      "code": 400}})
+                                      "code": code}})
                 if answer.endswith("json") else ("" if code == 405 else "No available workers")).encode()
-        self.send_response(code)
+        self.send_response({400: 520, 500: 521}[code] if answer.endswith("json") else code)
+        if answer.endswith("json"):
+            self.send_header("X-Kiln-Error", body.decode())
         self.send_header("Content-Type", "application/json" if answer.endswith("json") else "text/plain")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

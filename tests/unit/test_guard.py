@@ -39,7 +39,11 @@ class Held:
         await send({"type": "http.response.body", "body": self.answer, "more_body": False})
 
 
+TO_CLIENT = {520: 400, 521: 500}  # what nginx answers the client for the guard's 520 and 521 (kiln.serve.proxy)
+
+
 async def call(guard: Any, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+    """The status and body the client gets: a 520 or 521 is answered by nginx from its X-Kiln-Error header."""
     raw = json.dumps(body or {}).encode()
     got: dict[str, Any] = {"body": b""}
 
@@ -48,11 +52,15 @@ async def call(guard: Any, method: str, path: str, body: dict[str, Any] | None =
 
     async def send(message: Message) -> None:
         if message["type"] == "http.response.start":
-            got["status"] = message["status"]
+            got["status"], got["headers"] = message["status"], dict(message.get("headers", ()))
         else:
             got["body"] += message.get("body", b"")
 
     await guard({"type": "http", "method": method, "path": path, "headers": []}, receive, send)
+    if got["status"] in TO_CLIENT:
+        header = json.loads(got["headers"][b"x-kiln-error"])
+        assert header == json.loads(got["body"])  # the body whole, for nginx to answer with
+        return TO_CLIENT[got["status"]], header
     return got["status"], json.loads(got["body"])
 
 
@@ -134,3 +142,46 @@ def test_each_prompt_of_a_list_counts(guard_module: ModuleType, monkeypatch: pyt
         return [never[0], refused[0], (await first)[0]]
 
     assert asyncio.run(scenario()) == [400, 429, 200]
+
+
+class Failing:
+    """vLLM answering with an error: its JSON, or a plain text."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status, self.body = status, body
+
+    async def __call__(self, scope: Message, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": self.status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"1")]})
+        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+
+
+async def sent_by(guard: Any) -> list[Message]:
+    got: list[Message] = []
+
+    async def send(message: Message) -> None:
+        got.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    await guard({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive, send)
+    return got
+
+
+def test_vllms_errors_go_to_the_router_as_520_and_521_with_their_words(guard_module: ModuleType) -> None:
+    """The router retries a 500 on every worker, and nginx asked again for a 400's body: a failing request ran up to
+    four times. 520 and 521 are neither retried nor passed on; nginx answers the original status from the header."""
+    vllm_500 = b'{"error": {"message": "grammar failed", "type": "InternalServerError", "code": 500}}'
+    for status, body, front in ((500, vllm_500, 521), (400, b'{"error": {"message": "bad", "code": 400}}', 520),
+                                (500, b"Internal Server Error", 521)):
+        start, sent = asyncio.run(sent_by(guard_module.RequestGuard(Failing(status, body))))
+        headers = dict(start["headers"])
+        assert start["status"] == front and sent["body"] == body
+        assert headers[b"content-length"] == str(len(body)).encode()
+        error = json.loads(headers[b"x-kiln-error"])["error"]
+        assert error["message"] in body.decode() and headers[b"x-kiln-error"].isascii()
+    ok = guard_module.RequestGuard(Held())
+    ok.app.release.set()
+    assert asyncio.run(call(ok, "POST", "/v1/completions", {"prompt": "x"}))[0] == 200

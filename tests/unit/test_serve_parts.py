@@ -409,7 +409,8 @@ def test_a_running_unit_is_read_from_its_cgroup_and_systemctl_only_on_a_change(t
 
 
 class _FailingWorker(BaseHTTPRequestHandler):
-    """A vLLM server's stand-in behind the real router: healthy, and answering every completion with vLLM's 500."""
+    """A vLLM server's stand-in behind the real router: healthy, and answering a bad completion with vLLM's 500 as
+    kiln's guard hands it on (521, the JSON also in X-Kiln-Error)."""
 
     protocol_version = "HTTP/1.1"
     completions: ClassVar[list[bytes]] = []
@@ -422,13 +423,15 @@ class _FailingWorker(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         _FailingWorker.completions.append(body)
         if b'"bad"' in body:
-            self._json(500, {"error": {"message": "grammar failed", "type": "InternalServerError", "code": 500}})
+            self._json(521, {"error": {"message": "grammar failed", "type": "InternalServerError", "code": 500}})
         else:
             self._json(200, {"object": "text_completion", "choices": [{"text": "ok", "index": 0}]})
 
     def _json(self, code: int, data: object) -> None:
         body = json.dumps(data).encode()
         self.send_response(code)
+        if code == 521:
+            self.send_header("X-Kiln-Error", body.decode())
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -465,7 +468,7 @@ def test_the_router_runs_a_failing_request_once_and_clients_cannot_open_its_brea
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             failed = list(pool.map(complete, ["bad"] * 8))
-        assert failed == [500] * 8
+        assert failed == [521] * 8  # passed on as the guard handed them, for nginx to answer 500
         assert len(_FailingWorker.completions) == 8  # each ran once
         assert [complete("good") for _ in range(3)] == [200] * 3  # and the next clients are served
     finally:

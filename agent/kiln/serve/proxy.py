@@ -41,10 +41,11 @@ NGINX_ERRORS = {400: ("the request cannot be read (malformed HTTP or headers too
                 504: ("the model instance did not answer in time; retry", "server_error", "timeout")}
 # Turned to JSON on the API's paths: nginx's own (413, 502, 504) and the router's plain-text answers (405, 422, 503).
 API_ERRORS = (405, 413, 415, 422, 502, 503, 504)
-# Answered by vLLM in JSON (what is wrong) and by the router in plain text: vLLM's is asked for again, uncaught. A
-# refusal ran nothing, so asking again costs nothing; a 500 is not caught at all (the request ran, and must not run
-# again): vLLM's JSON passes as it is.
-REPLAYED = {400: ("the request body is not valid JSON for this API", "invalid_request_error", "invalid_json")}
+# vLLM's own refusals and failures reach nginx as 520 and 521, with their JSON in X-Kiln-Error (kiln_guard.py):
+# answered as 400 and 500 in vLLM's words, never asked for again, nor retried by the router. A 400 or 500 that
+# reaches nginx as such is the router's own, in plain text.
+FROM_VLLM = {520: 400, 521: 500}
+ROUTER_400 = ("the request body is not valid JSON for this API", "invalid_request_error", "invalid_json")
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 
 
@@ -118,22 +119,17 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
             proxy_cache off;
             proxy_read_timeout 1800s;
             proxy_send_timeout 1800s;"""
-    replayed_pages = "\n".join(f"            error_page {code} = @replay_{code};" for code in REPLAYED)
-    replayed_locations = "\n".join(f"""        location @replay_{code} {{
-            if ($kiln_upstream_json = "") {{
-    {hsts}
-                return {code} {_error(*REPLAYED[code])};
-            }}
-            proxy_pass http://kiln_router;
-            proxy_intercept_errors off;
-            proxy_next_upstream off;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Authorization "";
-            proxy_set_header {KEY_HEADER} $kiln_key;
-            proxy_set_header X-Request-Id $request_id;
-{upstream_settings}
-        }}""" for code in REPLAYED)
+    pages = [*(f"error_page {code} = @vllm_{code};" for code in FROM_VLLM), "error_page 400 = @router_400;",
+             "error_page 500 /.kiln-error/500;"]
+    vllm_pages = "\n".join(f"            {page}" for page in pages)
+    vllm_locations = "\n".join([*(f"""        location @vllm_{code} {{
+            default_type application/json;
+{hsts}
+            return {status} $upstream_http_x_kiln_error;
+        }}""" for code, status in FROM_VLLM.items()), f"""        location @router_400 {{
+{hsts}
+            return 400 {_error(*ROUTER_400)};
+        }}"""])
     own = ["error_page 401 @unauthorized;", "error_page 429 @overloaded;"]
     server_pages = "\n".join(f"        {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};"
                                                              for c in NGINX_ERRORS)])
@@ -208,10 +204,6 @@ http {{
     # over its rate wrote about 2 MB/s to the log.
     limit_req_log_level info;
     limit_conn_log_level info;
-    map $upstream_http_content_type $kiln_upstream_json {{
-        default "";
-        ~*json 1;
-    }}
     limit_conn_zone $server_port zone=kiln_in_flight:1m;
 
     # The router listed once per try: nginx passes a request on to the "next" server only while no byte of the
@@ -277,19 +269,19 @@ http {{
             proxy_set_header Authorization "";
             proxy_set_header {KEY_HEADER} $kiln_key;
             proxy_set_header X-Request-Id $request_id;
-            # Only where the router itself did not answer or had no worker: an answer, an error too, is never sent again.
-            proxy_next_upstream error timeout http_502 http_503 non_idempotent;
+            # Only where the router did not answer, had no worker, or could not reach one (its own 500 in plain text:
+            # vLLM's errors come as 520 and 521): an answer of vLLM's, an error too, is never sent again.
+            proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;
             proxy_next_upstream_tries {RETRIES + 1};
-            # The router's plain-text answers become JSON; vLLM's own JSON errors (404, 500) pass as they are.
+            # The router's plain-text answers become JSON; vLLM's own errors come in its words (520, 521, or a 404).
             proxy_intercept_errors on;
 {api_pages}
-{replayed_pages}
+{vllm_pages}
+            proxy_hide_header X-Kiln-Error;
 {upstream_settings}
         }}
-        # A 400 or 500 is the router's (plain text) or vLLM's (JSON, saying what is wrong). nginx cannot keep the
-        # body of an answer it intercepts, so vLLM's is asked for again, uncaught: a request vLLM refused ran
-        # nothing, and it refuses it again the same way.
-{replayed_locations}
+        # vLLM's own refusals and failures, in its words (kiln_guard.py hands them over as 520 and 521).
+{vllm_locations}
 
         location / {{
             if ($kiln_key = "") {{

@@ -26,6 +26,7 @@ class RouterSettings:
     health_check_timeout_s: int = 5
     health_failure_threshold: int = 3
     request_timeout_s: int = 1800
+    max_retries: int = 3  # a worker that cannot be reached; vLLM's own errors come as 520/521, never retried
 
 
 def router_argv(binary: str, layout: ServeLayout, settings: RouterSettings) -> tuple[str, ...]:
@@ -40,10 +41,11 @@ def router_argv(binary: str, layout: ServeLayout, settings: RouterSettings) -> t
         "--health-failure-threshold", str(settings.health_failure_threshold),
         "--health-success-threshold", "1",
         "--request-timeout-secs", str(settings.request_timeout_s),
-        # A request runs once: the router's retries sent one that vLLM answered with 500 up to four times. Nor may
-        # clients' failing requests open its circuit breakers and take every worker out for a minute: a dead
+        "--retry-max-retries", str(settings.max_retries),
+        "--retry-initial-backoff-ms", "50",
+        "--retry-max-backoff-ms", "1000",
+        # Clients' failing requests must not open its breakers and take every worker out for a minute: a dead
         # instance leaves routing when its process ends (the supervisor), a hung one by the health check.
-        "--disable-retries",
         "--disable-circuit-breaker",
         "--worker-startup-timeout-secs", "30",
         "--worker-startup-check-interval", "1",

@@ -7,6 +7,10 @@ self-contained, as vLLM's Python imports it apart from kiln).
   KILN_MAX_SEQUENCES in this server the request is refused with 429 and Retry-After, as nginx refuses requests, and
   one that alone exceeds it with 400.
 - `/v1/models` names a model by its id in `root` too, never by its folder on the server.
+- vLLM's refusals (400) and failures (500) go to the router as 520 and 521, with their body in X-Kiln-Error: the
+  router retries a 500 on other workers and nginx asked again for a 400's body, so a request vLLM answered with an
+  error ran up to four times. The router passes 520 and 521 on as they are; nginx answers the client the original
+  status with that body.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 GENERATING = ("/v1/completions", "/v1/chat/completions")
+FRONT_CODES = {400: 520, 500: 521}  # kiln.serve.proxy answers 520 as 400 and 521 as 500
+MAX_ERROR_MESSAGE = 2000  # the header must fit nginx's proxy_buffer_size
 MAX_BODY = 64 * 2**20  # nginx's client_max_body_size
 RETRY_AFTER_S = 2
 
@@ -99,7 +105,10 @@ class RequestGuard:
         path = str(scope.get("path", ""))
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
-        elif scope.get("method") == "GET" and path == "/v1/models":
+            return
+        if scope.get("method") == "POST":
+            send = _errors_for_the_front(send)
+        if scope.get("method") == "GET" and path == "/v1/models":
             await self.app(scope, receive, _models_rewritten(send))
         elif scope.get("method") == "POST" and path in GENERATING:
             await self._generate(scope, receive, send)
@@ -137,6 +146,43 @@ class RequestGuard:
             await self.app(scope, _replay(messages, receive), send)
         finally:
             self.in_flight -= asked
+
+
+def error_header(body: bytes, status: int) -> bytes:
+    """An error answer as one header line of OpenAI's JSON shape: vLLM's own, or its text wrapped."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if not isinstance(error, dict):
+        error = {"message": body.decode("utf-8", errors="replace"),
+                 "type": "invalid_request_error" if status < 500 else "server_error", "code": status}
+    error = {**error, "message": str(error.get("message", ""))[:MAX_ERROR_MESSAGE]}
+    return json.dumps({"error": error}, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def _errors_for_the_front(send: Send) -> Send:
+    held: list[Message] = []
+    chunks: list[bytes] = []
+
+    async def marked(message: Message) -> None:
+        if message["type"] == "http.response.start" and message.get("status") in FRONT_CODES:
+            held.append(message)
+            return
+        if not held or message["type"] != "http.response.body":
+            await send(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        head, body = held[0], b"".join(chunks)
+        headers = [(k, v) for k, v in head.get("headers", ()) if k.lower() != b"content-length"]
+        await send({**head, "status": FRONT_CODES[head["status"]],
+                    "headers": [*headers, (b"x-kiln-error", error_header(body, head["status"])),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return marked
 
 
 def _models_rewritten(send: Send) -> Send:
