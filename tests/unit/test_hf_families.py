@@ -3,8 +3,9 @@ lays out its cache. The expected figures are worked out here by hand from the co
 
 KV bytes per token (vllm/v1/kv_cache_interface.py): full attention, FullAttentionSpec: 2 (K, V) x KV heads x head_dim
 x dtype bytes, per full-attention layer; MLA, MLAAttentionSpec: (kv_lora_rank + qk_rope_head_dim) x dtype bytes per
-layer, or 656 bytes with the fp8_ds_mla layout; DeepSeek V3.2's indexer cache: index_head_dim FP8 bytes + 4 bytes of
-scale per 128 values; linear attention, MambaSpec: nothing per token, a fixed state per sequence.
+layer, or 656 bytes with the fp8_ds_mla layout that only sparse MLA (DeepSeek V3.2) stores an FP8 cache in; DeepSeek
+V3.2's indexer cache: index_head_dim FP8 bytes + 4 bytes of scale per 128 values; linear attention, MambaSpec: nothing
+per token, a fixed state per sequence.
 Weights: parameters counted from the config, 2 bytes each in bf16; quantized checkpoints keep embeddings and the LM
 head in bf16.
 """
@@ -160,7 +161,10 @@ def test_deepseek_v3_mla() -> None:
     assert only_precision(p) == "fp8" and a.mla is not None and a.mtp_layers == 1
     # One latent of kv_lora_rank 512 + qk_rope_head_dim 64 per layer, the same on every GPU.
     assert kv_layout(a, 8, "auto").bytes_per_token_per_gpu == 61 * (512 + 64) * 2 == 70_272
-    assert kv_layout(a, 8, "fp8").bytes_per_token_per_gpu == 61 * 656
+    # Dense MLA's FP8 cache is the same latent at one byte a value: vLLM keeps kv_cache_dtype fp8 for its dense MLA
+    # backends and turns it into fp8_ds_mla only for sparse ones (mla_attention.py,
+    # _canonicalize_sparse_mla_kv_cache_dtype), so MLAAttentionSpec's page is head_size 576 x 1 byte.
+    assert kv_layout(a, 8, "fp8").bytes_per_token_per_gpu == 61 * (512 + 64) == 35_136
     attention = (7168 * 1536 + 1536 * 128 * (128 + 64) + 7168 * (512 + 64) + 512 * 128 * (128 + 128)
                  + 128 * 128 * 7168)
     dense = 3 * 3 * 7168 * 18432  # first_k_dense_replace 3
@@ -184,6 +188,7 @@ def test_kimi_k2_5_nested_mla_int4_experts() -> None:
     a = p.architecture
     assert a.mla is not None and only_precision(p) == "int4"
     assert kv_layout(a, 8, "auto").bytes_per_token_per_gpu == 61 * (512 + 64) * 2 == 70_272  # not 64 heads of K/V
+    assert kv_layout(a, 8, "fp8").bytes_per_token_per_gpu == 61 * (512 + 64) == 35_136  # dense MLA: not fp8_ds_mla
     attention = (7168 * 1536 + 1536 * 64 * 192 + 7168 * 576 + 512 * 64 * 256 + 64 * 128 * 7168)
     experts = 60 * 384 * 3 * 7168 * 2048
     embeddings = 163840 * 7168 * 2

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from tests.conftest import Planned
 
-from kiln.choice.schema import Choice
+from kiln.choice.schema import Choice, validate_fields
 from kiln.hardware.detect import detect_recorded
 from kiln.hardware.fixtures import load_fixture
 from kiln.hardware.model import Architecture
@@ -101,6 +101,18 @@ def test_user_fixed_context_that_cannot_fit_is_refused_with_the_context_that_wou
     result = plan(kiln, "rtx4000ada", "qwen3-32b", max_model_len=32768)
     assert isinstance(result, Refusal)
     assert result.suggestions
+
+
+def test_a_shared_gpu_fraction_is_taken_and_only_the_planner_refuses_one_too_small(kiln: Kiln) -> None:
+    """vLLM takes any gpu_memory_utilization in (0, 1] (vllm/config/cache.py); 0.25 is how a GPU is shared."""
+    assert not validate_fields({"gpu_memory_utilization": 0.25}, source="command line").problems
+    assert validate_fields({"gpu_memory_utilization": 0}, source="command line").problems
+    shared = ok(plan(kiln, "h100x1", "qwen3-8b", gpu_memory_utilization=0.25))
+    assert shared.engine.gpu_memory_utilization == 0.25
+    result = plan(kiln, "h100x1", "qwen3-8b", gpu_memory_utilization=0.12)
+    assert isinstance(result, Refusal)
+    assert "weights" in result.reason and "(0.12 of" in result.reason
+    assert any(s.startswith("more of each GPU: gpu_memory_utilization") for s in result.suggestions)
 
 
 def test_forced_nvfp4_on_hopper_is_refused(kiln: Kiln) -> None:

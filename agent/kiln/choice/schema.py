@@ -108,7 +108,9 @@ class Choice(BaseModel):
     quantization: Quantization | None = None
     kv_cache_dtype: KvCacheDtype | None = None
     speculative_decoding: bool | None = None
-    gpu_memory_utilization: float | None = Field(default=None, ge=0.3, le=0.98)
+    # vLLM takes any fraction in (0, 1] (vllm/config/cache.py, gt=0): a small one shares a GPU between processes.
+    # Whether the weights and a cache fit in it is the planner's to say, with its reason.
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=0.98)
     api_key: str | None = Field(default=None, min_length=16, max_length=256, pattern=r"^[A-Za-z0-9._~+\-]+$")
     hf_token: str | None = Field(default=None, min_length=8, max_length=256, pattern=r"^[A-Za-z0-9_\-]+$")
     price_per_hour: float | None = Field(default=None, ge=0, le=10_000)
@@ -173,7 +175,7 @@ HINTS: dict[str, str] = {
     "quantization": "auto, bf16, fp8, nvfp4 or mxfp4",
     "kv_cache_dtype": "auto or fp8",
     "speculative_decoding": "true or false",
-    "gpu_memory_utilization": "a fraction between 0.3 and 0.98, e.g. 0.9",
+    "gpu_memory_utilization": "a fraction above 0 and at most 0.98, e.g. 0.9",
     "api_key": "16 to 256 characters of letters, digits and ._~+-",
     "hf_token": "a Hugging Face access token (hf_...) from https://huggingface.co/settings/tokens",
     "price_per_hour": "the machine's USD price per hour, e.g. 3.39",

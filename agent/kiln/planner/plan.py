@@ -261,6 +261,12 @@ def _refuse(ctx: Context, reasons: Sequence[str], alternatives: Sequence[Machine
         plans = fit_plans(ctx.machine, p, relaxed, ctx.c, shortest_context=ctx.shortest_context)
         if not isinstance(plans, Refusal):
             suggestions.append(f"a lower precision: quantization {plans[0].quantization} fits on this machine")
+    if ctx.choice.gpu_memory_utilization:
+        relaxed = ctx.choice.model_copy(update={"gpu_memory_utilization": None})
+        plans = fit_plans(ctx.machine, p, relaxed, ctx.c, shortest_context=ctx.shortest_context)
+        if not isinstance(plans, Refusal):
+            suggestions.append(f"more of each GPU: gpu_memory_utilization {plans[0].engine.gpu_memory_utilization:g} "
+                               f"fits on this machine (now {ctx.choice.gpu_memory_utilization:g})")
     arch = ctx.machine.gpus[0].architecture
     if "nvfp4" in p.checkpoints and arch is not Architecture.BLACKWELL:
         suggestions.append("an NVFP4 checkpoint exists for this model: it needs a Blackwell machine (B300)")

@@ -21,7 +21,9 @@ from kiln.setup.types import Constants
 BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32, "int4": 0.5 + 4 / 128}
 KV_DTYPE_BYTES = {"auto": 2, "fp8": 1, "bf16": 2}
 # DeepSeek sparse MLA with an FP8 cache stores 656 bytes per token and layer: 512 FP8 latent values,
-# 4 float32 scales and 64 bf16 RoPE values (vLLM's fp8_ds_mla layout).
+# 4 float32 scales and 64 bf16 RoPE values (vLLM's fp8_ds_mla layout). vLLM turns an FP8 cache into it only for its
+# sparse MLA backends (vllm/model_executor/layers/attention/mla_attention.py, _canonicalize_sparse_mla_kv_cache_dtype);
+# dense MLA (DeepSeek-V3/R1, Kimi-K2) keeps the plain FP8 latent, kv_lora_rank + qk_rope_head_dim bytes (576).
 FP8_DS_MLA_BYTES = 656
 
 # vLLM's default ceiling on the batch sizes it captures as CUDA graphs (1,024 on Blackwell is not used).
@@ -204,7 +206,8 @@ def kv_layout(arch: ModelArch, tp: int, kv_dtype: str) -> KvLayout:
     """Per-token cache bytes as vLLM lays them out (vllm/v1/kv_cache_interface.py):
     full attention (FullAttentionSpec): 2 (K and V) x KV heads on this GPU x head_dim x dtype bytes per layer;
     MLA (MLAAttentionSpec): one latent of kv_lora_rank + qk_rope_head_dim per layer, the same on every TP rank;
-    DeepSeek sparse attention adds the indexer's FP8 key (index_head_dim + a 4-byte scale per 128 values);
+    DeepSeek sparse attention stores an FP8 latent as fp8_ds_mla (656 bytes) and adds the indexer's FP8 key
+    (index_head_dim + a 4-byte scale per 128 values);
     linear-attention layers keep no per-token bytes, only their per-sequence state."""
     if arch.compressed_attention is not None:
         return _deepseek_v4_layout(arch)
@@ -215,9 +218,10 @@ def kv_layout(arch: ModelArch, tp: int, kv_dtype: str) -> KvLayout:
     full = arch.num_layers - sliding - linear
     if arch.mla is not None:
         # MLA caches one latent vector per token and layer, replicated on every TP rank.
-        per_layer = (FP8_DS_MLA_BYTES if elem == 1 else
-                     (arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim) * elem)
+        per_layer = (arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim) * elem
         if arch.sparse_attention is not None:
+            if elem == 1:
+                per_layer = FP8_DS_MLA_BYTES
             per_layer += arch.sparse_attention.index_head_dim + 4  # FP8 indexer key + its scale
         return KvLayout(per_layer * arch.num_layers, per_layer * arch.num_layers, arch.num_layers, 0, 0)
     heads_per_gpu = max(arch.num_kv_heads // tp, 1)  # KV heads replicate when tp > num_kv_heads
