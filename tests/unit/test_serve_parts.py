@@ -28,6 +28,8 @@ from kiln.pricing import hourly_price, usd_per_million_tokens
 from kiln.processes import LocalProcesses, ProcessSpec
 from kiln.render.vllm import Runtime
 from kiln.serve import metrics as prom
+from kiln.serve.assembly import Assembly
+from kiln.serve.caches import Caches
 from kiln.serve.decide import NOT_OVERRIDES, OVERRIDES, Decision, decide
 from kiln.serve.front import Front
 from kiln.serve.health import HealthServer
@@ -39,6 +41,7 @@ from kiln.serve.proxy import PUBLIC_PATHS, ProxySettings, TlsFiles, nginx_argv, 
 from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
 from kiln.serve.secretfiles import KeyStoreError, write_private
 from kiln.serve.state import AgentState
+from kiln.serve.supervisor import Member
 from kiln.serve.systemd_units import SystemdUnits, Unit
 from kiln.wiring import Kiln
 
@@ -475,3 +478,18 @@ def test_the_router_runs_a_failing_request_once_and_clients_cannot_open_its_brea
         router.terminate()
         router.wait(timeout=10)
         worker.shutdown()
+
+
+def test_a_rolling_change_writes_each_successors_entry_as_it_starts(tmp_path: Path) -> None:
+    """runtime.json held the new plan's argv for every name from the roll's first step: an old instance that
+    restarted mid-roll came back with the new plan's settings and GPUs."""
+    parts = Assembly(ServeLayout(state_dir=tmp_path), Caches.in_state_dir(tmp_path, "test"))
+    old = [Member(ProcessSpec(f"vllm-{i}", ("vllm", "serve", "--tensor-parallel-size", "1"),
+                              {"CUDA_VISIBLE_DEVICES": str(i)})) for i in range(2)]
+    parts.write_runtime(old)
+    successor = Member(ProcessSpec("vllm-0", ("vllm", "serve", "--tensor-parallel-size", "2"),
+                                   {"CUDA_VISIBLE_DEVICES": "0,1"}), gpus=(0, 1))
+    parts.put_runtime(successor)
+    entries = {p["name"]: p for p in json.loads(parts.layout.runtime_file.read_text())["processes"]}
+    assert entries["vllm-0"]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert entries["vllm-1"]["argv"][-1] == "1" and entries["vllm-1"]["env"]["CUDA_VISIBLE_DEVICES"] == "1"

@@ -5,6 +5,7 @@ The router is the one stand-in: a list of the worker URLs it was told to add and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -349,3 +350,35 @@ def test_hold_release_and_kills_from_other_threads_leave_no_process_behind(tmp_p
         sup.stop()
     assert not errors, errors
     assert len(launcher.started) > 5 and alive == []
+
+
+@pytest.mark.parametrize(("before", "after"), [([(0,), (1,), (2,), (3,)], [(0, 1), (2, 3)]),
+                                                ([(0, 1), (2, 3)], [(0,), (1,), (2,), (3,)])],
+                         ids=["4xTP1 to 2xTP2", "2xTP2 to 4xTP1"])
+def test_a_rolling_change_to_another_gpu_layout_frees_each_gpu_before_reusing_it(
+        tmp_path: Path, before: list[tuple[int, ...]], after: list[tuple[int, ...]]) -> None:
+    """A successor starts only once every old instance on any of its GPUs (or of its name) is stopped, and what it
+    starts from is written just before it starts, never for the old instances still serving."""
+    routing = RecordedRouting()
+    old = [dataclasses.replace(server(tmp_path, f"old{i}"), gpus=gpus) for i, gpus in enumerate(before)]
+    new = [dataclasses.replace(server(tmp_path, f"new{i}"), gpus=gpus) for i, gpus in enumerate(after)]
+    sup = Supervisor(launcher=LocalProcesses(), routing=routing, probe=lambda url: http_probe(url, 0.5),
+                     settings=FAST, instances=list(old))
+    events: list[tuple[str, str, tuple[int, ...]]] = []  # (what, name, the GPUs held by running instances then)
+
+    def held() -> tuple[int, ...]:
+        return tuple(sorted(g for m in sup.instances if m.running and not m.retiring for g in m.gpus))
+
+    sup.start()
+    try:
+        wait_until(lambda: len(routing.workers) == len(old))
+        assert sup.roll(new, lambda m: events.append(("retire", m.name, held())), ready_timeout_s=15,
+                        before_start=lambda m: events.append(("start", m.name, held()))) is None
+    finally:
+        sup.stop()
+    for what, name, gpus in events:
+        if what == "start":
+            successor = next(m for m in new if m.name == name)
+            assert not set(successor.gpus) & set(gpus), f"{name} started on GPUs still held: {events}"
+    assert [m.name for m in sup.instances] == [m.name for m in new]
+    assert sorted(e[1] for e in events if e[0] == "retire") == sorted(m.name for m in old)

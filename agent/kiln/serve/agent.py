@@ -507,17 +507,19 @@ class Agent:
         self.parts.make_local_model(decision)
         self.parts.write_hf_token(resolved.choice.hf_token)
         members = [self.parts.instance(r) for r in decision.rendered]
-        self.parts.write_runtime([*sup.others, *([sup.router] if sup.router else []), *members])
-        self.parts.use_dropins(decision)
+        dropins = self.parts.dropins(decision)
         if len(sup.instances) < 2:
             last = [t.get("ready_s") for t in (self.state.startup.get("instances") or {}).values()]
             took = max((t for t in last if t is not None), default=None)
             log.warning("rolling change: the only instance restarts; nothing is served until it is back%s",
                         f" (about {took:.0f} s: its last start took that long)" if took else "")
         log.info("rolling change to %s: %d instance(s) replaced one at a time", decision.plan.profile, len(members))
-        why = sup.roll(members, lambda member: drain(member, self.stopping), self.options.supervisor.start_timeout_s)
+        why = sup.roll(members, lambda member: drain(member, self.stopping), self.options.supervisor.start_timeout_s,
+                       lambda member: self.parts.put_runtime(member, dropins.get(member.name)))
         if why:
             return self._rolled("stopped", why, "see `kiln status`; the instances not yet replaced keep serving")
+        self.parts.write_runtime([*sup.others, *([sup.router] if sup.router else []), *members])  # committed
+        self.parts.use_dropins(decision)
         self.decision = decision
         self.state.plan = decision.plan_report()
         self.state.choice = decision.choice_report()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kiln.processes import LocalProcesses, ProcessSpec
@@ -36,6 +36,7 @@ class Assembly:
     service_user: str = "kiln"  # with systemd: the units' User=, who must read the files written here
     models_cached: bool = False  # the plan's repositories are in the cache: the instances start offline
     launcher: Launcher | None = None  # the last one made
+    runtime_specs: dict[str, ProcessSpec] = field(default_factory=dict)  # runtime.json's entries, by name
 
     @property
     def logs(self) -> Path | None:
@@ -43,7 +44,8 @@ class Assembly:
 
     def instance(self, rendered: RenderedInstance) -> Member:
         base = f"http://{self.layout.local_host}:{rendered.port}"
-        return Member(self.spec(rendered), probe_url=f"{base}/health", route_url=base, port=rendered.port)
+        return Member(self.spec(rendered), probe_url=f"{base}/health", route_url=base, port=rendered.port,
+                      gpus=rendered.gpus)
 
     def spec(self, rendered: RenderedInstance) -> ProcessSpec:
         """How an instance's process starts: its argv, its environment, its log, the Hub token's file."""
@@ -90,8 +92,21 @@ class Assembly:
 
     def write_runtime(self, members: list[Member]) -> None:
         """What `kiln agent exec NAME` (each unit's ExecStart) starts: argv and environment, no secret."""
+        self.runtime_specs = {m.name: m.spec for m in members}
+        self._write_runtime()
+
+    def put_runtime(self, member: Member, dropin: str | None = None) -> None:
+        """One process's entry (and its unit's drop-in), as a rolling change starts it: the others keep theirs,
+        so an instance of the plan before that restarts meanwhile starts as it was."""
+        self.runtime_specs = {**self.runtime_specs, member.name: member.spec}
+        self._write_runtime()
+        if dropin is not None and isinstance(self.launcher, SystemdUnits):
+            self.launcher.put_dropin(member.name, dropin)
+
+    def _write_runtime(self) -> None:
         path = self.layout.runtime_file
-        write_private(path, json.dumps({"processes": [m.spec.as_dict() for m in members]}, indent=2) + "\n")
+        processes = [spec.as_dict() for spec in self.runtime_specs.values()]
+        write_private(path, json.dumps({"processes": processes}, indent=2) + "\n")
         if self.systemd:
             share_with_group(self.service_user, [path])
 

@@ -84,6 +84,7 @@ class Member:
     retiring: bool = False  # being replaced by a rolling change: no restart, no probe, no route
     held: bool = False  # kept stopped until release(); set before start() to start it later
     launches: int = 0  # how many times it has been started
+    gpus: tuple[int, ...] = ()  # the GPUs it holds while it runs
 
     @property
     def name(self) -> str:
@@ -193,15 +194,22 @@ class Supervisor:
         self._note(member, "released")
 
     # -- a rolling change ---------------------------------------------------------------------------------------
-    def roll(self, new: list[Member], drain: Callable[[Member], None], ready_timeout_s: float) -> str | None:
+    def roll(self, new: list[Member], drain: Callable[[Member], None], ready_timeout_s: float,
+             before_start: Callable[[Member], None] | None = None) -> str | None:
         """Replace the instances one at a time: out of routing, drained, stopped, its successor started and back
-        in routing before the next. None when done; else why it stopped (the instances not yet replaced serve)."""
+        in routing before the next. A successor starts only once every old instance on any of its GPUs, or of its
+        name, is stopped (8 x TP1 to 4 x TP2 retires two for each); `before_start` then writes what its unit starts
+        from, so an old instance that restarts meanwhile keeps its own settings. None when done; else why it
+        stopped (the instances not yet replaced serve)."""
         old = list(self.instances)
         for i in range(max(len(old), len(new))):
-            if i < len(old):
-                self._retire(old[i], drain)
+            for member in self._in_the_way(old, new[i] if i < len(new) else None):
+                self._retire(member, drain)
+                old.remove(member)
             if i < len(new):
                 member = new[i]
+                if before_start is not None:
+                    before_start(member)
                 # Started by the loop's thread, never this one: a child's parent-death signal (PR_SET_PDEATHSIG)
                 # follows the thread that forked it, and this one ends with the change.
                 with self._tick_lock, self._lock:
@@ -214,7 +222,17 @@ class Supervisor:
                     if time.monotonic() > deadline:
                         return f"{member.name} was not serving {ready_timeout_s:.0f} s after it started"
                     time.sleep(self.settings.tick_s)
+        for member in old:
+            self._retire(member, drain)
         return None
+
+    @staticmethod
+    def _in_the_way(old: list[Member], successor: Member | None) -> list[Member]:
+        """The old instances to stop before `successor` starts: those on its GPUs or of its name; where it holds
+        no GPU (the CPU), the next one, as one for one."""
+        if successor is None or not successor.gpus:
+            return old[:1]
+        return [m for m in old if set(m.gpus) & set(successor.gpus) or m.name == successor.name]
 
     def _retire(self, member: Member, drain: Callable[[Member], None]) -> None:
         with self._tick_lock:

@@ -129,6 +129,14 @@ class SystemdUnits:
         self.dropins = dropins
         self._reloaded = False
 
+    def put_dropin(self, name: str, text: str) -> None:
+        """One unit's drop-in, now (a rolling change's successor): the other units keep theirs."""
+        self.dropins = {**self.dropins, name: text}
+        path = self.unit_dir / f"{unit_of(name)}.d" / "50-kiln.conf"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        self.run(["daemon-reload"])
+
     def start(self, spec: ProcessSpec) -> Unit:
         unit = unit_of(spec.name)
         if spec.name in self.dropins and not self._reloaded:
