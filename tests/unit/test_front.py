@@ -560,3 +560,37 @@ def test_a_request_vllm_answers_with_an_error_runs_once_and_its_words_reach_the_
                           json={"prompt": "abc"}, verify=running.cert, timeout=10)
     assert reply.status_code == 500 and reply.json()["error"]["message"] == "vLLM says why (17 bytes)"
     assert Upstream.posts == ["/v1/completions"]
+
+
+def _raw(running: Running, request: bytes, tls: bool = True) -> tuple[int, str, bytes]:
+    """What nginx answers a request written by hand: its status, Content-Type and body."""
+    port = running.front.layout.public_port
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as plain:
+        conn: socket.socket = plain
+        if tls:
+            context = ssl.create_default_context(cafile=running.cert)
+            conn = context.wrap_socket(plain, server_hostname="127.0.0.1")
+        conn.sendall(request)
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    return int(lines[0].split()[1]), headers.get("Content-Type", ""), body
+
+
+def test_malformed_http_gets_openai_shaped_json_not_nginx_html(running: Running) -> None:
+    """Plain HTTP on the TLS port, headers too large, a transfer coding nginx does not know, an HTTP version it
+    does not speak: each was nginx's HTML page."""
+    cases = {"plain HTTP on the TLS port": (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", False),
+             "headers too large": (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000
+                                   + b"\r\nConnection: close\r\n\r\n", True),
+             "unknown transfer coding": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: br\r\n"
+                                         b"Connection: close\r\n\r\n", True),
+             "unknown HTTP version": (b"GET /v1/models HTTP/3.0\r\nHost: x\r\nConnection: close\r\n\r\n", True)}
+    for what, (request, tls) in cases.items():
+        status, content_type, body = _raw(running, request, tls)
+        assert 400 <= status < 600 and content_type == "application/json", (what, status, body[:200])
+        error = json.loads(body)["error"]
+        assert set(error) == {"message", "type", "code"} and error["message"], what

@@ -185,3 +185,14 @@ def test_vllms_errors_go_to_the_router_as_520_and_521_with_their_words(guard_mod
     ok = guard_module.RequestGuard(Held())
     ok.app.release.set()
     assert asyncio.run(call(ok, "POST", "/v1/completions", {"prompt": "x"}))[0] == 200
+
+
+def test_more_tools_than_openai_allows_are_refused(guard_module: ModuleType) -> None:
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {}}} for i in range(129)]
+    app = Held()
+    status, body = asyncio.run(call(guard_module.RequestGuard(app), "POST", "/v1/chat/completions",
+                                    {"messages": [], "tools": tools, "tool_choice": "required"}))
+    assert status == 400 and body["error"]["code"] == "too_many_tools" and app.served == 0
+    app.release.set()
+    assert asyncio.run(call(guard_module.RequestGuard(app), "POST", "/v1/chat/completions",
+                            {"messages": [], "tools": tools[:128]}))[0] == 200

@@ -38,7 +38,15 @@ NGINX_ERRORS = {400: ("the request cannot be read (malformed HTTP or headers too
                       "unavailable"),
                 503: ("no model instance is serving now; retry shortly (`kiln status` shows why)", "server_error",
                       "unavailable"),
-                504: ("the model instance did not answer in time; retry", "server_error", "timeout")}
+                504: ("the model instance did not answer in time; retry", "server_error", "timeout"),
+                # nginx's own codes for a request it cannot read, answered as 400 (ANSWERED_AS)
+                494: ("the request's headers are too large", "invalid_request_error", "headers_too_large"),
+                497: ("this port speaks HTTPS: send the request over TLS (https://)", "invalid_request_error",
+                      "https_required"),
+                501: ("the request's transfer coding is not supported", "invalid_request_error", "not_implemented"),
+                505: ("the HTTP version is not supported: use HTTP/1.1", "invalid_request_error",
+                      "http_version_not_supported")}
+ANSWERED_AS = {494: 400, 497: 400}
 # Turned to JSON on the API's paths: nginx's own (413, 502, 504) and the router's plain-text answers (405, 422, 503).
 API_ERRORS = (405, 413, 415, 422, 502, 503, 504)
 # vLLM's own refusals and failures reach nginx as 520 and 521, with their JSON in X-Kiln-Error (kiln_guard.py):
@@ -112,7 +120,7 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
     error_locations = "\n".join(f"""        location = /.kiln-error/{code} {{
             internal;
 {hsts}
-            return {code} {_error(*NGINX_ERRORS[code])};
+            return {ANSWERED_AS.get(code, code)} {_error(*NGINX_ERRORS[code])};
         }}""" for code in NGINX_ERRORS)
     upstream_settings = """            proxy_connect_timeout 5s;
             proxy_buffering off;

@@ -6,6 +6,8 @@ self-contained, as vLLM's Python imports it apart from kiln).
 - Sequences in flight: nginx bounds requests; a request of p prompts asking for n sequences weighs p x n here; beyond
   KILN_MAX_SEQUENCES in this server the request is refused with 429 and Retry-After, as nginx refuses requests, and
   one that alone exceeds it with 400.
+- `tools`: at most 128 per request, OpenAI's own bound (5,000 tools with tool_choice: required held an instance for
+  59 s).
 - `/v1/models` names a model by its id in `root` too, never by its folder on the server.
 - vLLM's refusals (400) and failures (500) go to the router as 520 and 521, with their body in X-Kiln-Error: the
   router retries a 500 on other workers and nginx asked again for a 400's body, so a request vLLM answered with an
@@ -30,6 +32,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 GENERATING = ("/v1/completions", "/v1/chat/completions")
 FRONT_CODES = {400: 520, 500: 521}  # kiln.serve.proxy answers 520 as 400 and 521 as 500
+MAX_TOOLS = 128  # OpenAI's API: "A max of 128 functions are supported"
 MAX_ERROR_MESSAGE = 2000  # the header must fit nginx's proxy_buffer_size
 MAX_BODY = 64 * 2**20  # nginx's client_max_body_size
 RETRY_AFTER_S = 2
@@ -129,6 +132,12 @@ class RequestGuard:
             await _answer(send, 400, error_body(
                 f"n and best_of may be at most {self.max_n} on this server (asked: {per_prompt})",
                 "invalid_request_error", "too_many_sequences", "n"))
+            return
+        tools = request.get("tools")
+        if isinstance(tools, list) and len(tools) > MAX_TOOLS:
+            await _answer(send, 400, error_body(
+                f"a request may carry at most {MAX_TOOLS} tools (asked: {len(tools)})", "invalid_request_error",
+                "too_many_tools", "tools"))
             return
         if self.max_sequences and asked > self.max_sequences:  # would hold the server alone, ahead of everyone
             await _answer(send, 400, error_body(
