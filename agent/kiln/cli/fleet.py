@@ -14,7 +14,6 @@ from kiln.cli.output import print_json, table
 from kiln.fleet import ops
 from kiln.fleet.api import DigitalOcean
 from kiln.fleet.spec import ANYWHERE, FleetSpec
-from kiln.wiring import Kiln
 
 
 def add_arguments(_name: str, fleet: argparse.ArgumentParser) -> None:
@@ -70,7 +69,7 @@ def probe_health(address: str) -> str:
     return "serving" if reply.status_code == 200 else f"not serving ({reply.status_code})"
 
 
-def cmd_fleet(_kiln: Kiln, args: argparse.Namespace) -> int:
+def cmd_fleet(_kiln: None, args: argparse.Namespace) -> int:
     api = DigitalOcean.from_environment()
     if args.action == "up":
         spec = FleetSpec(args.name, size=args.size, count=args.count, region=args.region, image=args.image,

@@ -22,7 +22,6 @@ from kiln.serve.filelock import held
 from kiln.serve.keys import KeyChangeError, KeyStore
 from kiln.serve.layout import HEALTH_PORT, ServeLayout
 from kiln.serve.secretfiles import load_keys, save_keys
-from kiln.wiring import Kiln
 
 RELOAD_WAIT_S = 60.0  # reading a new plan may ask the Hub
 
@@ -113,7 +112,7 @@ def signal_reload(state_dir: Path, health: str, renew: bool = False,
     return None
 
 
-def cmd_reload(_kiln: Kiln, args: argparse.Namespace) -> int:
+def cmd_reload(_kiln: None, args: argparse.Namespace) -> int:
     agent = locate(args.state_dir, args.health)
     if not args.json:
         print(agent.said(), file=sys.stderr)
@@ -139,7 +138,7 @@ def _no_store(agent: LocalAgent) -> KilnError:
                          "with --state-dir")
 
 
-def cmd_keys(_kiln: Kiln, args: argparse.Namespace) -> int:
+def cmd_keys(_kiln: None, args: argparse.Namespace) -> int:
     agent = locate(args.state_dir, args.health)
     layout = agent.layout
     if not agent.running and args.action != "add" and not os.path.lexists(layout.keys_file):

@@ -27,6 +27,7 @@ class Command:
     module: str  # kiln.cli.<module>, with add_arguments(name, parser) and the handler
     handler: str
     help: str
+    wired: bool = True  # it plans or reads the catalog: the handler gets kiln's parts, else None
 
 
 COMMANDS: dict[str, Command] = {
@@ -36,17 +37,21 @@ COMMANDS: dict[str, Command] = {
     "choice": Command("choice", "cmd_choice", "show the user's choice as the agent reads it at boot"),
     "agent": Command("serving", "cmd_agent", "the boot agent (run by kiln-agent.service on the image)"),
     "up": Command("serving", "cmd_up", "serve in the foreground on this machine (a laptop: the tiny CPU model)"),
-    "status": Command("status", "cmd_status", "what the agent serves, its health, and where the API key is"),
+    "status": Command("status", "cmd_status", "what the agent serves, its health, and where the API key is",
+                      wired=False),
     "doctor": Command("doctor", "cmd_doctor",
                       "check the driver, fabric manager, GPU health, links, disk and /dev/shm"),
     "bench": Command("bench", "cmd_bench", "measure an endpoint: TTFT/TPOT/throughput per concurrency, and cost"),
     "image": Command("image", "cmd_image", "bake a kiln machine image, or boot-test one"),
     "models": Command("models", "cmd_models", "bake models into an image"),
-    "keys": Command("keys", "cmd_keys", "the endpoint's named API keys (root): list, add, rotate, revoke"),
+    "keys": Command("keys", "cmd_keys", "the endpoint's named API keys (root): list, add, rotate, revoke",
+                    wired=False),
     "reload": Command("keys", "cmd_reload",
-                      "re-read /etc/kiln/kiln.yaml and the keys; nothing restarts for keys, rates or the certificate"),
+                      "re-read /etc/kiln/kiln.yaml and the keys; nothing restarts for keys, rates or the certificate",
+                      wired=False),
     "predict": Command("predict", "cmd_predict", "predict throughput and latency of a setup for a workload"),
-    "fleet": Command("fleet", "cmd_fleet", "droplets behind a DigitalOcean load balancer (reads DIGITALOCEAN_TOKEN)"),
+    "fleet": Command("fleet", "cmd_fleet", "droplets behind a DigitalOcean load balancer (reads DIGITALOCEAN_TOKEN)",
+                     wired=False),
 }
 
 
@@ -92,8 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = COMMANDS[args.command]
     try:
         handler = getattr(_module(command), command.handler)
-        wiring = importlib.import_module("kiln.wiring")  # the parts are put together only for a command that runs
-        code: int = handler(wiring.Kiln.create(args.profiles_dir), args)
+        # The parts are put together only for a command that uses them.
+        kiln = importlib.import_module("kiln.wiring").Kiln.create(args.profiles_dir) if command.wired else None
+        code: int = handler(kiln, args)
         return code
     except KilnError as exc:
         if getattr(args, "json", False):

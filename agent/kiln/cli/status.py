@@ -13,7 +13,6 @@ from kiln.cli.locate import locate
 from kiln.cli.output import print_json, table
 from kiln.errors import KilnError
 from kiln.serve.layout import HEALTH_PORT
-from kiln.wiring import Kiln
 
 EXIT_UNAVAILABLE = 2
 
@@ -27,7 +26,7 @@ def add_arguments(_name: str, status: argparse.ArgumentParser) -> None:
                         help="print the endpoint's certificate (PEM), for a client to pin")
 
 
-def cmd_status(_kiln: Kiln, args: argparse.Namespace) -> int:
+def cmd_status(_kiln: None, args: argparse.Namespace) -> int:
     agent = locate(args.state_dir, args.health)
     base = agent.health.rstrip("/")
     try:
