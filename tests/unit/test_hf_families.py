@@ -134,7 +134,8 @@ def test_minimax_m2_fp8_moe() -> None:
     assert kv_layout(a, 1, "auto").bytes_per_token_instance == 62 * 2 * 8 * 128 * 2 == 253_952
     layer = 3072 * 48 * 128 + 2 * 3072 * 8 * 128 + 48 * 128 * 3072 + 256 * 3 * 3072 * 1536 + 3072 * 256 + 2 * 3072
     assert a.params_total == 200064 * 3072 * 2 + 62 * layer + 3072
-    assert p.serving.tool_call_parser == "minimax_m2" and p.serving.trust_remote_code
+    assert p.serving.tool_call_parser == "minimax_m2" and not p.serving.trust_remote_code  # the owner says so
+    assert "trust_remote_code: true" in p.description
 
 
 def test_glm_4_moe_with_dense_first_layers() -> None:
