@@ -166,7 +166,6 @@ def check_reloads(fuzz_kiln: Kiln, tmp_path: Path, docs: list[dict[str, Any]]) -
         assert front.layout.proxy_config.exists()
 
 
-# The fast tier's share; tests/sweeps/test_fuzz_path.py runs the same checks on five times as many inputs.
 @settings(SLOW, max_examples=20)
 @given(user_data=settings_docs, local=settings_docs, tags=settings_docs, as_file=st.booleans())
 def test_user_data_tags_and_the_local_file_through_plan_render_and_front(

@@ -68,6 +68,8 @@ class VllmBench:
         with a traceback in its log). The local cache is tried first; the Hub only for an ORG/NAME id."""
         fix = ("pass --tokenizer with the served model's folder or Hub id, or --state-dir of the kiln agent that "
                "serves it")
+        if any((Path(tokenizer) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+            return  # a model folder with its tokenizer: vLLM's client loads it as it is
         error = self._load_tokenizer(tokenizer, offline=True)
         if error is not None and "/" in tokenizer and not Path(tokenizer).exists():
             error = self._load_tokenizer(tokenizer, offline=False)
