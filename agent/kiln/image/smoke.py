@@ -31,7 +31,6 @@ OBJECTIVE = "latency"  # not the default (throughput), so the plan shows the use
 # What a model server must not read as its unit runs it (kiln-vllm@.service's InaccessiblePaths=): the owner's
 # settings (written world-readable here, as a careless owner might), the user-data cloud-init keeps, the keys.
 INSTANCE_SECRETS = ("/etc/kiln/kiln.yaml", "/var/lib/cloud/instance/user-data.txt", "/var/lib/kiln/keys.json")
-METADATA_ADDRESS = "169.254.169.254"  # DigitalOcean's metadata service hands user-data to any local process
 
 
 @dataclass(frozen=True)
@@ -205,7 +204,6 @@ class Observed:
     agent_dir_writable: bool | None = None  # whether the kiln user can write the agent's own folder
     instance_units: dict[str, str] = field(default_factory=dict)  # kiln-vllm@NAME -> "ActiveState NRestarts"
     readable_in_instance: list[str] | None = None  # INSTANCE_SECRETS an instance's unit could read; None: not asked
-    metadata_from_instance: str = ""  # what connecting to the metadata service from an instance's unit did
     marketplace_report: str | None = None  # DigitalOcean's 99-img-check.sh run on the booted machine
     agent_kill: AgentKill | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -251,12 +249,9 @@ def judge(seen: Observed, profile: str, expect_baked: bool = False) -> list[Chec
                         bool(running) and running == seen.instance_units,
                         ", ".join(f"{u}: {s}" for u, s in seen.instance_units.items()) or "no instance unit"))
     if seen.readable_in_instance is not None:
-        denied = "Operation not permitted" in seen.metadata_from_instance
-        checks.append(Check("a model server reads none of the owner's secrets and cannot reach the metadata service",
-                            not seen.readable_in_instance and denied,
-                            (f"readable in an instance's unit: {', '.join(seen.readable_in_instance)}"
-                             if seen.readable_in_instance else f"{', '.join(INSTANCE_SECRETS)} hidden")
-                            + f"; {METADATA_ADDRESS}: {seen.metadata_from_instance or 'no answer'}"))
+        checks.append(Check("a model server reads none of the owner's secrets", not seen.readable_in_instance,
+                            f"readable in an instance's unit: {', '.join(seen.readable_in_instance)}"
+                            if seen.readable_in_instance else f"{', '.join(INSTANCE_SECRETS)} hidden from it"))
     checks.append(Check("the public endpoint asks for the API key", seen.public_unauthorized == 401,
                         f"HTTP {seen.public_unauthorized} without a key"))
     tls = status.get("tls") or {}
