@@ -1,6 +1,7 @@
-"""The commands find the local agent the same way, as a user types them: `kiln up` in one terminal (with a
---state-dir, then with none), then `kiln status`, `kiln keys list`, `kiln keys show default` and `kiln bench --url`
-with no --state-dir, on the default ports, against real vLLM on the CPU."""
+"""The commands find the local agent the same way, as a user types them: `kiln up` in one terminal with no
+--state-dir, then `kiln status`, `kiln keys list`, `kiln keys show default` and `kiln bench --url` with none either,
+on the default ports, against real vLLM on the CPU. An agent started with --state-dir is found the same way through
+its health endpoint (tests/unit/test_locate.py, with the agent's real health server)."""
 
 from __future__ import annotations
 
@@ -83,17 +84,6 @@ def _check(done: dict[str, subprocess.CompletedProcess[str]], state: Path) -> No
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg")}
-
-
-def test_commands_find_an_agent_started_with_a_state_dir(env: dict[str, str], tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    state = tmp_path / "STATE"
-    with _up(env, tmp_path / "up.log", "--state-dir", str(state)):
-        text, done = _transcript(env, tmp_path / "bench")
-    with capsys.disabled():
-        print(f"\n$ kiln up --state-dir {state}   (another terminal)\n{text}")
-    _check(done, state)
-    assert not (tmp_path / "xdg").exists()  # nothing went to the default folder
 
 
 def test_commands_find_an_agent_started_with_no_state_dir(env: dict[str, str], tmp_path: Path,
