@@ -79,8 +79,10 @@ def test_plan_command_names_a_hub_model(hub: Hub, capsys: pytest.CaptureFixture[
     assert main(["plan", "--machine", "b300x8", "--model", "moonshotai/Kimi-K2.5", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     argv = plan["instances"][0]["argv"]
-    assert parse(argv).model == "moonshotai/Kimi-K2.5" and "--trust-remote-code" in argv
+    # A Hub repository's code runs only where its owner says so: the plan says how.
+    assert parse(argv).model == "moonshotai/Kimi-K2.5" and "--trust-remote-code" not in argv
     assert "recipes/blob/main/models/moonshotai/Kimi-K2.5.yaml" in plan["model_settings"]
+    assert "trust_remote_code: true" in plan["model_settings"]
     assert not weights_fetched(hub)
 
 
