@@ -281,3 +281,14 @@ def test_gemma_3_reads_its_sliding_layers_and_transformers_defaults(tmp_path: Pa
     assert (a.vocab_size, a.max_position_embeddings, a.tie_word_embeddings) == (262208, 131072, True)
     layer = 5376 * 32 * 128 + 2 * 5376 * 16 * 128 + 32 * 128 * 5376 + 3 * 5376 * 21504 + 2 * 5376
     assert a.params_total == 262208 * 5376 + 62 * layer + 5376  # about 27B: the text model, embeddings tied
+
+
+def test_a_deepseek_v4_whose_cache_kiln_cannot_size_is_refused_where_it_is_read(tmp_path: Path) -> None:
+    """A DeepSeek-V4 config with another head_dim validates as JSON but has no fp8_ds_mla layout: the boundary says
+    so with the file it read, and no later step raises."""
+    config = json.loads((HUB / "deepseek-ai/DeepSeek-V4-Flash/config.json").read_text())
+    config["head_dim"] = 256
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as refused:
+        profile_from_model_dir(tmp_path)
+    assert "head_dim 256" in str(refused.value) and "config.json" in refused.value.where

@@ -115,6 +115,17 @@ def test_a_shared_gpu_fraction_is_taken_and_only_the_planner_refuses_one_too_sma
     assert any(s.startswith("more of each GPU: gpu_memory_utilization") for s in result.suggestions)
 
 
+def test_a_share_that_leaves_cuda_graph_capture_no_room_is_planned_lower_and_says_so(kiln: Kiln) -> None:
+    """vllm#57475: at 0.98 of a 24 GB GPU the capture ran out of memory after the KV cache was allocated; at 0.97 it
+    started. On the 20 GB RTX 4000 Ada the owner's 0.98 is planned as 0.97, with the reason; an H100 keeps 0.98."""
+    small = ok(plan(kiln, "rtx4000ada", "llama-3.1-8b-instruct", gpu_memory_utilization=0.98))
+    assert small.engine.gpu_memory_utilization == 0.97
+    assert any("gpu_memory_utilization 0.98 leaves CUDA-graph capture too little room" in w and "0.97" in w
+               for w in small.warnings), small.warnings
+    large = ok(plan(kiln, "h100x1", "llama-3.1-8b-instruct", gpu_memory_utilization=0.98))
+    assert large.engine.gpu_memory_utilization == 0.98 and not large.warnings
+
+
 def test_forced_nvfp4_on_hopper_is_refused(kiln: Kiln) -> None:
     result = plan(kiln, "h100x8", "llama-3.1-8b-instruct", quantization="nvfp4")
     assert isinstance(result, Refusal) and "Blackwell" in result.reason

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -308,6 +309,9 @@ def fit_plans(machine: Machine, profile: Profile, choice: Choice, constants: Con
     ctx = Context(machine, profile, choice, constants, choice.objective or "throughput",
                   choice.gpu_memory_utilization or constants.get("vllm", "default_gpu_memory_utilization"),
                   shortest_context)
+    ceiling = math.floor(cap.max_utilization_for_capture(ctx.gpu_memory, constants) * 100) / 100
+    if ctx.utilization > ceiling:  # the owner's share would leave the CUDA-graph capture no room (fault: vllm#57475)
+        ctx = replace(ctx, utilization=ceiling)
     arch = machine.gpus[0].architecture
 
     if choice.quantization and choice.quantization != "auto":
@@ -443,6 +447,12 @@ def _build_plan(ctx: Context, best: Candidate, groups: list[tuple[int, ...]]) ->
         max_concurrency_per_instance=best.concurrency,
     )
     warnings = []
+    asked = ctx.choice.gpu_memory_utilization
+    if asked and ctx.utilization < asked:
+        warnings.append(f"gpu_memory_utilization {asked:g} leaves CUDA-graph capture too little room on a "
+                        f"{ctx.gpu_memory / GIB:.1f} GiB GPU (it overruns its estimate by up to "
+                        f"{c.get('vllm', 'cudagraph_capture_overrun_bytes') / GIB:.1f} GiB, vllm#57475); "
+                        f"planned with {ctx.utilization:g}")
     if len({g.name for g in m.gpus}) > 1:
         warnings.append("the GPUs differ; kiln planned for the smallest")
     plan = Plan(

@@ -88,6 +88,15 @@ class CompressedAttention(Strict):
     index_head_dim: int = Field(gt=0)
     ratios: tuple[int, ...]  # per decoder layer: 0 (window only), 4 or 128
 
+    @model_validator(mode="after")
+    def _sizable(self) -> CompressedAttention:
+        # vLLM 0.32 stores every state as a 584-byte fp8_ds_mla row, which holds exactly 512 values
+        # (vllm/models/deepseek_v4/attention.py); another width has no layout kiln can size.
+        if self.head_dim != 512:
+            raise ValueError(f"DeepSeek-V4 head_dim {self.head_dim}: vLLM's fp8_ds_mla cache row (584 bytes) holds "
+                             "head_dim 512, so kiln cannot size this cache")
+        return self
+
 
 class Architecture(Strict):
     hf_architecture: str

@@ -175,9 +175,7 @@ def _deepseek_v4_layout(arch: ModelArch) -> KvLayout:
       (1 + [r = 4]) x r tokens in blocks of 4 (r = 4) or 8 (r = 128) tokens; r = 4 also the indexer's compressor.
     Every page is rounded up to 576 bytes (the fp8_ds_mla alignment)."""
     ca = arch.compressed_attention
-    assert ca is not None
-    if ca.head_dim != 512:
-        raise ValueError(f"DeepSeek-V4 head_dim {ca.head_dim}: kiln knows the 584-byte fp8_ds_mla row of head_dim 512")
+    assert ca is not None  # its head_dim is 512: CompressedAttention refuses any other at the boundary
     index_row = ca.index_head_dim + ca.index_head_dim // 128 * 4
     block_bytes = 0
     windows: dict[tuple[int, int, int], int] = {}
