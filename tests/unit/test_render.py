@@ -12,6 +12,7 @@ from tests.conftest import Planned
 from tests.unit.test_planner import SAMPLE_FIXTURES
 
 from kiln.choice.schema import Choice
+from kiln.planner.cpu import make_cpu_plan
 from kiln.planner.search import make_plan
 from kiln.render.systemd import dropin_path, instance_dropin, instance_unit_name, quote
 from kiln.render.vllm import IMAGE_VLLM, RenderedInstance, Runtime, image_vllm_command, render_instances, vllm_python
@@ -148,3 +149,13 @@ def test_the_image_starts_the_cpu_wheel_through_kilns_launcher(tmp_path: Path) -
     command = image_vllm_command(tmp_path, "/x/kiln_vllm_serve.py")
     assert command == (str(tmp_path / "bin" / "python"), "/x/kiln_vllm_serve.py")
     assert vllm_python(command) == str(tmp_path / "bin" / "python")
+
+
+def test_the_instances_ports_move_together_so_two_stacks_share_a_machine(kiln: Kiln) -> None:
+    """`kiln up --instance-port 9100`: every instance's --port, and what /status and the router see, from 9100 on."""
+    plan = make_cpu_plan(kiln.machine("cpu-only"), kiln.catalog().get("tiny-cpu"), Choice(instances=2), kiln.constants)
+    assert isinstance(plan, Plan)
+    moved = render_instances(plan, Runtime(first_instance_port=9100))
+    assert [r.port for r in moved] == [9100, 9101]
+    assert [r.argv[r.argv.index("--port") + 1] for r in moved] == ["9100", "9101"]
+    assert [r.port for r in render_instances(plan, Runtime())] == [i.port for i in plan.instances] == [8100, 8101]

@@ -493,3 +493,25 @@ def test_a_rolling_change_writes_each_successors_entry_as_it_starts(tmp_path: Pa
     entries = {p["name"]: p for p in json.loads(parts.layout.runtime_file.read_text())["processes"]}
     assert entries["vllm-0"]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert entries["vllm-1"]["argv"][-1] == "1" and entries["vllm-1"]["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_a_runtime_file_changed_outside_kiln_is_written_again_from_the_agents_record(tmp_path: Path) -> None:
+    """Every unit's start reads runtime.json: a corrupt one would fail each restart, so the agent writes it again
+    (at every reload and every few seconds) and says what it found."""
+    layout = ServeLayout(state_dir=tmp_path)
+    parts = Assembly(layout, Caches.in_state_dir(tmp_path, "tiny"))
+    assert parts.restore_runtime() is None  # nothing written yet: nothing to compare
+    spec = ProcessSpec("vllm-0", ("python3", "-m", "vllm"), {"A": "1"})
+    parts.runtime_specs = {"vllm-0": spec}
+    parts.restore_runtime()
+    written = layout.runtime_file.read_text()
+    assert json.loads(written)["processes"][0]["name"] == "vllm-0"
+    assert parts.restore_runtime() is None
+    layout.runtime_file.write_text('{"processes": [')
+    assert parts.restore_runtime() == "changed outside kiln"
+    assert layout.runtime_file.read_text() == written
+    layout.runtime_file.unlink()
+    assert parts.restore_runtime() == "missing" and layout.runtime_file.read_text() == written
+    layout.runtime_file.write_bytes(b"\xff\xfe")
+    assert parts.restore_runtime() == "unreadable (UnicodeDecodeError)"
+    assert layout.runtime_file.read_text() == written

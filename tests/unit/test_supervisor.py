@@ -27,6 +27,7 @@ class RecordedRouting:
     def __init__(self) -> None:
         self.workers: list[str] = []
         self.calls: list[tuple[str, str]] = []
+        self.unhealthy: set[str] = set()
 
     def add(self, url: str) -> None:
         self.calls.append(("add", url))
@@ -35,6 +36,9 @@ class RecordedRouting:
     def remove(self, url: str) -> None:
         self.calls.append(("remove", url))
         self.workers.remove(url)
+
+    def health(self) -> dict[str, bool]:
+        return {url: url not in self.unhealthy for url in self.workers}
 
 
 def free_port() -> int:
@@ -382,3 +386,26 @@ def test_a_rolling_change_to_another_gpu_layout_frees_each_gpu_before_reusing_it
             assert not set(successor.gpus) & set(gpus), f"{name} started on GPUs still held: {events}"
     assert [m.name for m in sup.instances] == [m.name for m in new]
     assert sorted(e[1] for e in events if e[0] == "retire") == sorted(m.name for m in old)
+
+
+def test_serving_is_what_the_router_itself_routes_to(tmp_path: Path) -> None:
+    """An instance the router marks unhealthy is not counted as serving (so /ready, /health and /status say so),
+    and one the router no longer lists joins again."""
+    routing = RecordedRouting()
+    a, b = server(tmp_path, "a"), server(tmp_path, "b")
+    router = server(tmp_path, "router")
+    router.route_url = None
+    sup = Supervisor(launcher=LocalProcesses(), routing=routing, probe=lambda url: http_probe(url, 0.5),
+                     settings=FAST, router=router, instances=[a, b])
+    sup.start()
+    try:
+        wait_until(lambda: len(sup.ready_instances()) == 2 and all(m.router_healthy for m in (a, b)))
+        routing.unhealthy.add(str(a.route_url))
+        wait_until(lambda: sup.ready_instances() == [b])
+        assert next(m for m in sup.snapshot() if m["name"] == "a")["router_healthy"] is False
+        routing.unhealthy.clear()
+        routing.workers.remove(str(b.route_url))  # the router forgot it (restarted, or removed it itself)
+        wait_until(lambda: routing.calls.count(("add", str(b.route_url))) == 2 and len(sup.ready_instances()) == 2)
+        assert any(e.member == "b" and "no longer lists it" in e.what for e in sup.recent_events())
+    finally:
+        sup.stop()

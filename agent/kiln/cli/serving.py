@@ -50,6 +50,8 @@ def _add_ports(p: argparse.ArgumentParser, port: int, http_port: int | None) -> 
     p.add_argument("--health-port", type=int, default=HEALTH_PORT, help="the local health endpoint")
     p.add_argument("--router-port", type=int, default=ROUTER_PORT, help="vllm-router (localhost)")
     p.add_argument("--router-metrics-port", type=int, default=ROUTER_METRICS_PORT)
+    p.add_argument("--instance-port", type=int, help="the first vLLM instance's port (localhost), the next ones "
+                                                    "after it (default: the plan's, 8100)")
     p.add_argument("--machine", help="plan for a fixture or machine file instead of this machine's GPUs")
     p.add_argument("--router-policy", choices=ROUTER_POLICIES, default=RouterSettings.policy,
                    help="how vllm-router spreads requests over the instances")
@@ -89,7 +91,8 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
 def _layout(args: argparse.Namespace, default_state: Path, public_host: str) -> ServeLayout:
     return ServeLayout(state_dir=(args.state_dir or default_state).expanduser().resolve(), public_host=public_host,
                        public_port=args.port, http_port=args.http_port or None, router_port=args.router_port,
-                       router_metrics_port=args.router_metrics_port, health_port=args.health_port)
+                       router_metrics_port=args.router_metrics_port, health_port=args.health_port,
+                       first_instance_port=args.instance_port)
 
 
 def _primary_address() -> str:

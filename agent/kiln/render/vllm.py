@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -66,6 +66,8 @@ class Runtime:
     # kiln_vllm_serve.py: `vllm serve` (which alone runs a headless node) where the launcher is the API server's
     # module; None keeps the launcher.
     serve_shim: str | None = None
+    # The instances' ports from here on, one each, so that two stacks can share a machine; None: the plan's.
+    first_instance_port: int | None = None
 
     def serve_command(self) -> tuple[str, ...]:
         """The launcher for a cluster's node: `vllm serve` itself, or the shim in its place."""
@@ -191,6 +193,8 @@ def instance_env(plan: Plan, instance: InstancePlan, runtime: Runtime, *, local_
 
 
 def render_instances(plan: Plan, runtime: Runtime, *, local_model: bool = False) -> list[RenderedInstance]:
+    instances = plan.instances if runtime.first_instance_port is None else tuple(
+        replace(inst, port=runtime.first_instance_port + i) for i, inst in enumerate(plan.instances))
     return [
         RenderedInstance(
             name=inst.name, port=inst.port, gpus=inst.gpus, device_minors=inst.device_minors,
@@ -198,7 +202,7 @@ def render_instances(plan: Plan, runtime: Runtime, *, local_model: bool = False)
             env=instance_env(plan, inst, runtime, local_model=local_model),
             cpus=inst.cpus, numa_node=inst.numa_node, data_parallel_size=plan.engine.data_parallel_size,
         )
-        for inst in plan.instances
+        for inst in instances
     ]
 
 

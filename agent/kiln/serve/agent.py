@@ -142,6 +142,7 @@ class Agent:
                 if time.monotonic() >= next_meter:
                     next_meter = time.monotonic() + METER_INTERVAL_S
                     self.reports.meter()
+                    self._check_runtime_file()
                     self._start_self_check()
         finally:
             sd_notify("STOPPING=1")
@@ -206,7 +207,8 @@ class Agent:
         self._runtime = runtime = Runtime(vllm_command=options.vllm_command, models_dir=str(layout.models_dir),
                                           hf_home=str(layout.hf_home), extra_env=options.extra_env,
                                           key_usage_path=datafiles.data_dir("vllm"),
-                                          serve_shim=datafiles.vllm_serve_launcher())
+                                          serve_shim=datafiles.vllm_serve_launcher(),
+                                          first_instance_port=layout.first_instance_port)
         self._models = models = ModelStep(client=self._hub_client, stopping=self.stopping,
                            replan=lambda choice: decide(self.kiln, options.machine, choice, runtime,
                                                         membership=self.membership),
@@ -423,6 +425,19 @@ class Agent:
                           routing=RouterClient(self.options.layout.router_url), probe=http_probe,
                           settings=self.options.supervisor, instances=[engine])
 
+    def _check_runtime_file(self) -> None:
+        try:
+            why = self.parts.restore_runtime()
+        except OSError as exc:  # a full or read-only disk: said, and tried again at the next lap
+            self.state.fail(f"the runtime file {self.options.layout.runtime_file} cannot be written: {exc}",
+                            "free space on the state disk; kiln writes it again by itself")
+            return
+        if why:
+            log.warning("%s was %s; written again from the agent's plan", self.options.layout.runtime_file, why)
+            self.state.fail(f"the runtime file {self.options.layout.runtime_file} was {why}; kiln wrote it again "
+                            "from the running plan", "nothing to do; to change the plan, edit the choice and run "
+                            "`kiln reload`")
+
     def _reload_proxy(self) -> None:
         proxy = self.supervisor.others[0] if self.supervisor and self.supervisor.others else None
         if proxy and proxy.running:
@@ -451,6 +466,7 @@ class Agent:
             self.state.reload = {**report, "seconds": round(time.monotonic() - started, 3), "planned": True,
                                  "error": {"what": exc.what, "fix": exc.fix}}
             return
+        self._check_runtime_file()
         # Keys and certificate are in force now; the plan is read next (the Hub may be asked).
         report |= {"changed": changed, "seconds": round(time.monotonic() - started, 3)}
         self.state.reload = report

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,7 @@ class Assembly:
     models_cached: bool = False  # the plan's repositories are in the cache: the instances start offline
     launcher: Launcher | None = None  # the last one made
     runtime_specs: dict[str, ProcessSpec] = field(default_factory=dict)  # runtime.json's entries, by name
+    _runtime_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def logs(self) -> Path | None:
@@ -103,12 +105,34 @@ class Assembly:
         if dropin is not None and isinstance(self.launcher, SystemdUnits):
             self.launcher.put_dropin(member.name, dropin)
 
+    def _runtime_text(self) -> str:
+        return json.dumps({"processes": [spec.as_dict() for spec in self.runtime_specs.values()]}, indent=2) + "\n"
+
     def _write_runtime(self) -> None:
+        with self._runtime_lock:
+            path = self.layout.runtime_file
+            write_private(path, self._runtime_text())
+            if self.systemd:
+                share_with_group(self.service_user, [path])
+
+    def restore_runtime(self) -> str | None:
+        """Every unit's start reads the runtime file: when it is not what the agent wrote (edited, truncated, a
+        full disk), it is written again from the agent's own record. What was wrong, or None when it was intact."""
+        if not self.runtime_specs:
+            return None
         path = self.layout.runtime_file
-        processes = [spec.as_dict() for spec in self.runtime_specs.values()]
-        write_private(path, json.dumps({"processes": processes}, indent=2) + "\n")
-        if self.systemd:
-            share_with_group(self.service_user, [path])
+        try:
+            on_disk = path.read_text()
+        except FileNotFoundError:
+            why = "missing"
+        except (OSError, UnicodeDecodeError) as exc:
+            why = f"unreadable ({exc.__class__.__name__})"
+        else:
+            if on_disk == self._runtime_text():
+                return None
+            why = "changed outside kiln"
+        self._write_runtime()
+        return why
 
     def write_hf_token(self, token: str | None) -> None:
         """The token's one place besides its source: a root-only environment file the instances start with."""

@@ -28,6 +28,7 @@ class ServeLayout:
     router_metrics_port: int = ROUTER_METRICS_PORT
     health_port: int = HEALTH_PORT
     local_host: str = "127.0.0.1"
+    first_instance_port: int | None = None  # the vLLM instances' first port (localhost); None: the plan's (8100)
 
     @property
     def hf_home(self) -> Path:

@@ -78,6 +78,12 @@ class RouterClient:
         reply.raise_for_status()
         return list(reply.json().get("urls", []))
 
+    def health(self) -> dict[str, bool]:
+        """GET /workers: each worker's URL and the router's own is_healthy."""
+        reply = self.session.get(f"{self.base_url}/workers", timeout=5)
+        reply.raise_for_status()
+        return {str(w["url"]): bool(w.get("is_healthy", True)) for w in reply.json().get("workers", [])}
+
     def add(self, url: str) -> None:
         reply = self.session.post(f"{self.base_url}/add_worker", params={"url": url}, timeout=self.timeout_s)
         reply.raise_for_status()

@@ -77,7 +77,8 @@ class AgentState:
         if states and all(s == HELD for s in states):
             return JOINING
         if states and all(s == READY for s in states):
-            return DEGRADED if (self.self_check or {}).get("degraded") else READY_PHASE
+            unrouted = len(self.supervisor.ready_instances()) < len(states)  # the router marks one unhealthy
+            return DEGRADED if unrouted or (self.self_check or {}).get("degraded") else READY_PHASE
         if any(s == READY for s in states):
             return DEGRADED
         if all(s == STARTING for s in states) and not any(m.restarts for m in self.supervisor.instances):

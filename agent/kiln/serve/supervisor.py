@@ -46,6 +46,7 @@ class Launcher(Protocol):
 class Routing(Protocol):
     def add(self, url: str) -> None: ...
     def remove(self, url: str) -> None: ...
+    def health(self) -> dict[str, bool]: ...  # the router's own view: each worker it lists, and whether it routes
 
 
 Probe = Callable[[str], bool]
@@ -79,6 +80,7 @@ class Member:
     next_probe: float = 0.0
     state_since: float = 0.0
     routed: bool = False
+    router_healthy: bool | None = None  # the router's own view of a routed instance; None: not asked or not routed
     last_exit: int | None = None
     last_error: str | None = None
     retiring: bool = False  # being replaced by a rolling change: no restart, no probe, no route
@@ -93,7 +95,8 @@ class Member:
     def as_dict(self, now: float) -> dict[str, object]:
         return {"name": self.name, "port": self.port, "state": self.state,
                 "pid": self.running.pid if self.running else None,
-                "restarts": self.restarts, "routed": self.routed, "url": self.route_url,
+                "restarts": self.restarts, "routed": self.routed, "router_healthy": self.router_healthy,
+                "url": self.route_url,
                 "state_for_s": round(now - self.state_since, 1), "last_exit_code": self.last_exit,
                 "last_error": self.last_error, "log_file": str(self.spec.log_file) if self.spec.log_file else None}
 
@@ -126,6 +129,7 @@ class Supervisor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kiln-probe")
+        self._next_view = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def members(self) -> list[Member]:
@@ -168,8 +172,9 @@ class Supervisor:
             return self.events[-limit:]
 
     def ready_instances(self) -> list[Member]:
+        """Serving, and not marked unhealthy by the router, which is what decides where requests go."""
         with self._lock:
-            return [m for m in self.instances if m.state == READY]
+            return [m for m in self.instances if m.state == READY and m.router_healthy is not False]
 
     # -- holding an engine -------------------------------------------------------------------------------------
     def hold(self, member: Member, why: str) -> None:
@@ -271,6 +276,29 @@ class Supervisor:
         for member, ok in zip(due, results, strict=True):
             member.next_probe = now + self.settings.probe_interval_s
             self._after_probe(member, ok, now)
+        if self.router is not None and self.router.state == READY and now >= self._next_view:
+            self._next_view = now + self.settings.probe_interval_s
+            self._read_router_view()
+
+    def _read_router_view(self) -> None:
+        """What the router itself routes to: an instance it marks unhealthy is not counted as serving, and one it
+        no longer lists joins again."""
+        try:
+            view = self.routing.health()
+        except Exception as exc:  # the router's next probe decides whether it is down
+            log.debug("could not read the router's workers: %s", exc)
+            return
+        lost = []
+        with self._lock:
+            for member in self.instances:
+                routed = member.routed and member.route_url is not None
+                member.router_healthy = view.get(member.route_url or "") if routed else None
+                if routed and member.route_url not in view:
+                    member.routed = False
+                    lost.append(member)
+        for member in lost:
+            self._note(member, "the router no longer lists it; joining again")
+            self._route(member)
 
     def _check_exit(self, member: Member, now: float) -> None:
         if not member.running or (code := member.running.exit_code()) is None:
@@ -355,7 +383,7 @@ class Supervisor:
             return
         if not member.routed or member.route_url is None:
             return
-        member.routed = False
+        member.routed, member.router_healthy = False, None
         self._note(member, "left routing")
         if self._router_ready():
             try:
