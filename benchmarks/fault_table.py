@@ -30,13 +30,13 @@ import requests
 
 from kiln.bench.setups import Ports, Running, kiln_up
 from kiln.choice.schema import TlsAcme
-from kiln.serve.acme import Issued
 from kiln.serve.endpoint import Endpoint
-from kiln.serve.front import Front
+from kiln.serve.front.acme import Issued
+from kiln.serve.front.front import Front
+from kiln.serve.front.proxy import ProxySettings
+from kiln.serve.front.tls import inspect, make_self_signed
 from kiln.serve.layout import ServeLayout
-from kiln.serve.proxy import ProxySettings
-from kiln.serve.state import AgentState
-from kiln.serve.tls import inspect, make_self_signed
+from kiln.serve.reports.state import AgentState
 
 PORTS = Ports(public=18600, health=18690, router=18601, router_metrics=18602)
 STREAMS = 8

@@ -20,11 +20,11 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from kiln.bench.setups import Ports, kiln_up
 from kiln.processes import LocalProcesses, ProcessSpec
 from kiln.serve.agent import http_probe
-from kiln.serve.front import Front
+from kiln.serve.front.front import Front
+from kiln.serve.front.proxy import ProxySettings, find_nginx, nginx_argv
 from kiln.serve.layout import ServeLayout
-from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv
-from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
-from kiln.serve.supervisor import Member, Supervisor, SupervisorSettings
+from kiln.serve.processes.router import RouterClient, RouterSettings, find_router, router_argv
+from kiln.serve.processes.supervisor import Member, Supervisor, SupervisorSettings
 
 REPO = Path(__file__).resolve().parents[1]
 PORTS = Ports()

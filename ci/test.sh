@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # kiln's tests, in two tiers (docs/testing.md):
-#   bash ci/test.sh --fast   ruff, mypy and the unit tests: a couple of minutes, nothing started but kiln itself
-#   bash ci/test.sh          every tier, CI's command (.ci/run): ruff, mypy, the integration tests (real vLLM on
-#                            the CPU, nginx, Pebble, QEMU, network namespaces) one at a time, then the sweeps and
-#                            the unit tests on both cores
+#   bash ci/test.sh --fast   ruff, mypy, the import contracts and the unit tests: a couple of minutes, nothing
+#                            started but kiln itself
+#   bash ci/test.sh          every tier, CI's command (.ci/run): ruff, mypy, the import contracts, the integration
+#                            tests (real vLLM on the CPU, nginx, Pebble, QEMU, network namespaces) one at a time,
+#                            then the sweeps and the unit tests on both cores
 # Extra arguments go to pytest, e.g. `bash ci/test.sh --fast -k planner`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,8 @@ echo "==> ruff"
 "$PY" -m ruff check agent tests benchmarks roles
 echo "==> mypy"
 "$PY" -m mypy
+echo "==> import contracts"
+"$VENV/bin/lint-imports" --no-logo
 if [ "$tier" = fast ]; then
   echo "==> unit tests"
   "$PY" -m pytest -q -m "not integration" -n "${KILN_TEST_WORKERS:-auto}" --dist loadgroup --durations=10 "$@"

@@ -8,6 +8,11 @@ from typing import Any
 from kiln.validation import parse_yaml
 
 
+def read_text(relative: str) -> str:
+    """A text file shipped in the package's data/ folder (a template, a unit)."""
+    return resources.files("kiln").joinpath("data").joinpath(relative).read_text(encoding="utf-8")
+
+
 def read_yaml(relative: str) -> Any:
     """Parse a YAML file shipped in the package's data/ folder."""
     text = resources.files("kiln").joinpath("data").joinpath(relative).read_text(encoding="utf-8")

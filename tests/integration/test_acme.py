@@ -1,4 +1,4 @@
-"""kiln's ACME client (kiln.serve.acme) against Pebble, Let's Encrypt's test ACME server (tests/pebble.py): a real
+"""kiln's ACME client (kiln.serve.front.acme) against Pebble, Let's Encrypt's test ACME server (tests/pebble.py): a real
 issuance over HTTP-01 through a webroot served by a small static file server, a renewal with the same account, and
 the errors a user sees when the CA cannot fetch the challenge or cannot be reached."""
 
@@ -25,7 +25,7 @@ from josepy.jwa import ES256
 from josepy.jwk import JWKEC
 from tests.pebble import Pebble, available, pebble_server
 
-from kiln.serve.acme import AcmeError, Issued, issue_certificate
+from kiln.serve.front.acme import AcmeError, Issued, issue_certificate
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=available() or "")
 

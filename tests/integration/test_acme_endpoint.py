@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.verification import PolicyBuilder, Store
 from tests.pebble import Pebble, available, free_port, pebble_server
 
-from kiln.serve.tls import inspect
+from kiln.serve.front.tls import inspect
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=available() or "")
 KILN = str(Path(sys.executable).parent / "kiln")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kiln.serve.front import Front
+from kiln.serve.front.front import Front
+from kiln.serve.front.proxy import ProxySettings, find_nginx, nginx_argv
 from kiln.serve.layout import ServeLayout
-from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv
 
 # What a self-signed certificate is by nature, and a scanner reports of it: no chain to a public root, no
 # revocation service, no DNS name to have a CAA record.

@@ -15,7 +15,7 @@ from kiln.cli.bench import price
 from kiln.errors import ConfigError
 from kiln.perf.predict import Forecast
 from kiln.perf.workload import WorkloadSpec, resolve
-from kiln.serve.selfcheck import SelfCheckSettings, judge, predicted
+from kiln.serve.reports.selfcheck import SelfCheckSettings, judge, predicted
 
 RAW: dict[str, Any] = {
     "output_throughput": 2000.0, "request_throughput": 7.8125, "request_goodput": 7.5, "completed": 64,

@@ -30,8 +30,8 @@ from kiln.render.vllm import Runtime
 from kiln.serve.agent import http_probe
 from kiln.serve.cluster_node import ClusterOptions, NodeWatch, find_membership
 from kiln.serve.decide import decide
-from kiln.serve.state import AgentState
-from kiln.serve.supervisor import HELD, Supervisor
+from kiln.serve.processes.supervisor import HELD, Supervisor
+from kiln.serve.reports.state import AgentState
 from kiln.wiring import Kiln
 
 SETTING = ClusterSetting(name="big", nodes=2)

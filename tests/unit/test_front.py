@@ -27,16 +27,16 @@ from kiln.choice.schema import Choice, NamedKey, TlsAcme, validate_fields
 from kiln.cli.bench import local_endpoint
 from kiln.cli.main import main
 from kiln.errors import KilnError
-from kiln.serve.acme import Issued
 from kiln.serve.endpoint import Endpoint
-from kiln.serve.front import Front, FrontConfigError
-from kiln.serve.health import HealthServer
-from kiln.serve.keys import KeyChangeError, KeyStore, redact
+from kiln.serve.front.acme import Issued
+from kiln.serve.front.front import Front, FrontConfigError
+from kiln.serve.front.keys import KeyChangeError, KeyStore, redact
+from kiln.serve.front.proxy import ProxySettings, TlsFiles, nginx_argv
+from kiln.serve.front.secretfiles import KeyStoreError, save_keys
+from kiln.serve.front.tls import CertificateError, check_pair, covers, inspect, make_self_signed
 from kiln.serve.layout import ServeLayout
-from kiln.serve.proxy import ProxySettings, TlsFiles, nginx_argv
-from kiln.serve.secretfiles import KeyStoreError, save_keys
-from kiln.serve.state import AgentState
-from kiln.serve.tls import CertificateError, check_pair, covers, inspect, make_self_signed
+from kiln.serve.reports.health import HealthServer
+from kiln.serve.reports.state import AgentState
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.timezone.utc)
 

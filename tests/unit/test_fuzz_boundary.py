@@ -27,11 +27,11 @@ from kiln.perf.workload import WorkloadSpec, resolve
 from kiln.render.vllm import Runtime
 from kiln.serve.decide import decide
 from kiln.serve.endpoint import Endpoint
-from kiln.serve.front import Front
-from kiln.serve.keys import KeyStore
+from kiln.serve.front.front import Front
+from kiln.serve.front.keys import KeyStore
+from kiln.serve.front.proxy import ProxySettings
 from kiln.serve.layout import ServeLayout
-from kiln.serve.proxy import ProxySettings
-from kiln.serve.state import AgentState
+from kiln.serve.reports.state import AgentState
 from kiln.wiring import Kiln
 
 SCHEMA = Choice.model_json_schema()

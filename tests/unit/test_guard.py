@@ -39,7 +39,7 @@ class Held:
         await send({"type": "http.response.body", "body": self.answer, "more_body": False})
 
 
-TO_CLIENT = {520: 400, 521: 500}  # what nginx answers the client for the guard's 520 and 521 (kiln.serve.proxy)
+TO_CLIENT = {520: 400, 521: 500}  # what nginx answers the client for the guard's 520 and 521 (kiln.serve.front.proxy)
 
 
 async def call(guard: Any, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:

@@ -18,8 +18,8 @@ from kiln.choice.resolve import layers_from_inputs, resolve_choice
 from kiln.choice.schema import validate_fields
 from kiln.choice.sources import RawInputs, SourceReader
 from kiln.processes import LocalProcesses, ProcessSpec, read_env_file
+from kiln.serve.front.secretfiles import write_private
 from kiln.serve.layout import ServeLayout
-from kiln.serve.secretfiles import write_private
 
 TOKEN = "hf_kilnUnitTokenAbCdEfGhIjKlMnOpQrSt"
 KILN = str(Path(sys.executable).parent / "kiln")

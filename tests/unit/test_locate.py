@@ -17,11 +17,11 @@ import pytest
 
 from kiln.cli.locate import default_state_dir, locate
 from kiln.cli.main import main
-from kiln.serve.health import HealthServer
-from kiln.serve.keys import ApiKey, KeyStore
+from kiln.serve.front.keys import ApiKey, KeyStore
+from kiln.serve.front.secretfiles import load_keys, save_keys
 from kiln.serve.layout import ServeLayout
-from kiln.serve.secretfiles import load_keys, save_keys
-from kiln.serve.state import AgentState
+from kiln.serve.reports.health import HealthServer
+from kiln.serve.reports.state import AgentState
 
 KEY = "kiln-" + "k" * 40
 

@@ -27,22 +27,22 @@ from kiln.errors import KilnError
 from kiln.pricing import hourly_price, usd_per_million_tokens
 from kiln.processes import LocalProcesses, ProcessSpec
 from kiln.render.vllm import Runtime
-from kiln.serve import metrics as prom
-from kiln.serve.assembly import Assembly
 from kiln.serve.caches import Caches
 from kiln.serve.decide import NOT_OVERRIDES, OVERRIDES, Decision, decide
-from kiln.serve.front import Front
-from kiln.serve.health import HealthServer
-from kiln.serve.keys import ApiKey, KeyStore
+from kiln.serve.front.front import Front
+from kiln.serve.front.keys import ApiKey, KeyStore
+from kiln.serve.front.proxy import PUBLIC_PATHS, ProxySettings, TlsFiles, nginx_argv, nginx_config
+from kiln.serve.front.secretfiles import KeyStoreError, write_private
 from kiln.serve.layout import ServeLayout
-from kiln.serve.meter import TokenMeter
-from kiln.serve.ownership import give_to_user, keep_for_root, share_with_group
-from kiln.serve.proxy import PUBLIC_PATHS, ProxySettings, TlsFiles, nginx_argv, nginx_config
-from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
-from kiln.serve.secretfiles import KeyStoreError, write_private
-from kiln.serve.state import AgentState
-from kiln.serve.supervisor import Member
-from kiln.serve.systemd_units import SystemdUnits, Unit
+from kiln.serve.processes.assembly import Assembly
+from kiln.serve.processes.ownership import give_to_user, keep_for_root, share_with_group
+from kiln.serve.processes.router import RouterClient, RouterSettings, find_router, router_argv
+from kiln.serve.processes.supervisor import Member
+from kiln.serve.processes.systemd_units import SystemdUnits, Unit
+from kiln.serve.reports import metrics as prom
+from kiln.serve.reports.health import HealthServer
+from kiln.serve.reports.meter import TokenMeter
+from kiln.serve.reports.state import AgentState
 from kiln.wiring import Kiln
 
 NOBODY = 65534

@@ -7,7 +7,7 @@ from pathlib import Path
 from tests.conftest import DATA
 
 from kiln.cli.status import startup_lines
-from kiln.serve.startup import AgentSteps, parse_startup
+from kiln.serve.reports.startup import AgentSteps, parse_startup
 
 LOGS = DATA / "startup"
 

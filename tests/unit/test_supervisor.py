@@ -19,8 +19,16 @@ import psutil
 import pytest
 
 from kiln.processes import LocalProcesses, ProcessSpec, Running
-from kiln.serve.probes import http_probe
-from kiln.serve.supervisor import READY, RESTARTING, STARTING, UNRESPONSIVE, Member, Supervisor, SupervisorSettings
+from kiln.serve.processes.probes import http_probe
+from kiln.serve.processes.supervisor import (
+    READY,
+    RESTARTING,
+    STARTING,
+    UNRESPONSIVE,
+    Member,
+    Supervisor,
+    SupervisorSettings,
+)
 
 
 class RecordedRouting:

@@ -18,10 +18,10 @@ import requests
 from kiln.cli.locate import LocalAgent, default_state_dir, locate
 from kiln.cli.output import print_json, table
 from kiln.errors import ConfigError, KilnError
-from kiln.serve.filelock import held
-from kiln.serve.keys import KeyChangeError, KeyStore
+from kiln.serve.front.filelock import held
+from kiln.serve.front.keys import KeyChangeError, KeyStore
+from kiln.serve.front.secretfiles import load_keys, save_keys
 from kiln.serve.layout import HEALTH_PORT, ServeLayout
-from kiln.serve.secretfiles import load_keys, save_keys
 
 RELOAD_WAIT_S = 60.0  # reading a new plan may ask the Hub
 

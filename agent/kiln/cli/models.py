@@ -24,10 +24,10 @@ from kiln.processes import LocalProcesses, ProcessSpec
 from kiln.render.vllm import MODULE_VLLM, OFFLINE_ENV, Runtime, find_vllm_python
 from kiln.serve.caches import Caches
 from kiln.serve.decide import Decision, decide
+from kiln.serve.front.secretfiles import write_private
 from kiln.serve.layout import ServeLayout
-from kiln.serve.probes import http_probe
-from kiln.serve.secretfiles import write_private
-from kiln.serve.startup import parse_startup
+from kiln.serve.processes.probes import http_probe
+from kiln.serve.reports.startup import parse_startup
 from kiln.tinymodel import make_tiny_model
 from kiln.wiring import Kiln
 

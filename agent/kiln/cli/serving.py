@@ -31,8 +31,8 @@ from kiln.serve.layout import (
     ROUTER_PORT,
     ServeLayout,
 )
-from kiln.serve.router import ROUTER_POLICIES, RouterSettings
-from kiln.serve.selfcheck import SelfCheckSettings
+from kiln.serve.processes.router import ROUTER_POLICIES, RouterSettings
+from kiln.serve.reports.selfcheck import SelfCheckSettings
 from kiln.validation import YamlError, parse_yaml
 from kiln.wiring import Kiln
 

@@ -26,8 +26,8 @@ from kiln.image import smoke
 from kiln.image.progress import Progress
 from kiln.image.system import BuildError
 from kiln.image.tools import find_repo
-from kiln.serve.probes import served_certificate_sha256
-from kiln.serve.systemd_units import SERVICE_UNITS
+from kiln.serve.processes.probes import served_certificate_sha256
+from kiln.serve.processes.systemd_units import SERVICE_UNITS
 
 TOOLS = ("qemu-system-x86_64", "qemu-img", "genisoimage", "ssh", "ssh-keygen")
 STEPS = 6

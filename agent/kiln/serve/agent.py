@@ -33,29 +33,29 @@ from kiln.pricing import hourly_price
 from kiln.processes import ProcessSpec
 from kiln.render.cluster import distributed_ports
 from kiln.render.vllm import IMAGE_VLLM, Runtime, vllm_python
-from kiln.serve.assembly import Assembly, log_file
 from kiln.serve.caches import Caches, place_caches
 from kiln.serve.cluster_node import ClusterOptions, NodeWatch, find_membership, open_firewall
 from kiln.serve.decide import Decision, decide
 from kiln.serve.drain import drain
 from kiln.serve.endpoint import Endpoint
-from kiln.serve.front import Front
-from kiln.serve.health import HealthServer
+from kiln.serve.front.front import Front
+from kiln.serve.front.proxy import ProxySettings, find_nginx, nginx_argv
+from kiln.serve.front.secretfiles import write_private
 from kiln.serve.layout import ServeLayout
 from kiln.serve.models import Milestones, ModelStep
-from kiln.serve.notify import sd_notify
-from kiln.serve.ownership import keep_for_root
-from kiln.serve.probes import http_probe, served_certificate_sha256
-from kiln.serve.proxy import ProxySettings, find_nginx, nginx_argv
-from kiln.serve.reports import Reports
-from kiln.serve.router import RouterClient, RouterSettings, find_router, router_argv
-from kiln.serve.secretfiles import write_private
-from kiln.serve.selfcheck import SelfCheckSettings
-from kiln.serve.selfcheck_run import run_self_check
-from kiln.serve.startup import AgentSteps
-from kiln.serve.state import DETECTING, DOWNLOADING, JOINING, PLANNING, STARTING_PHASE, AgentState
-from kiln.serve.supervisor import Member, Supervisor, SupervisorSettings
-from kiln.serve.telemetry import gpu_telemetry
+from kiln.serve.processes.assembly import Assembly, log_file
+from kiln.serve.processes.ownership import keep_for_root
+from kiln.serve.processes.probes import http_probe, served_certificate_sha256
+from kiln.serve.processes.router import RouterClient, RouterSettings, find_router, router_argv
+from kiln.serve.processes.supervisor import Member, Supervisor, SupervisorSettings
+from kiln.serve.reports.health import HealthServer
+from kiln.serve.reports.notify import sd_notify
+from kiln.serve.reports.reports import Reports
+from kiln.serve.reports.selfcheck import SelfCheckSettings
+from kiln.serve.reports.selfcheck_run import run_self_check
+from kiln.serve.reports.startup import AgentSteps
+from kiln.serve.reports.state import DETECTING, DOWNLOADING, JOINING, PLANNING, STARTING_PHASE, AgentState
+from kiln.serve.reports.telemetry import gpu_telemetry
 from kiln.wiring import Kiln
 
 log = logging.getLogger("kiln.agent")

@@ -28,8 +28,8 @@ from kiln.cluster.firewall import cluster_rules
 from kiln.cluster.membership import Membership, NotYet, explicit, from_droplets
 from kiln.cluster.peer import PEER_PORT, PeerServer, send_report
 from kiln.cluster.roster import LOST_AFTER_S, REPORT_EVERY_S, NodeReport, Roster, worker_step
-from kiln.serve.state import AgentState
-from kiln.serve.supervisor import Member, Supervisor
+from kiln.serve.processes.supervisor import Member, Supervisor
+from kiln.serve.reports.state import AgentState
 
 log = logging.getLogger("kiln.cluster")
 DISCOVERY_RETRY_S = 10.0

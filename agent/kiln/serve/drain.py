@@ -6,9 +6,9 @@ import logging
 import threading
 import time
 
-from kiln.serve import metrics as prom
-from kiln.serve.probes import fetch_text
-from kiln.serve.supervisor import Member
+from kiln.serve.processes.probes import fetch_text
+from kiln.serve.processes.supervisor import Member
+from kiln.serve.reports import metrics as prom
 
 log = logging.getLogger("kiln.agent")
 DRAIN_S = 120.0  # a rolling change waits this long for an instance's requests in flight

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 from kiln.choice.resolve import ResolvedChoice
 from kiln.errors import KilnError
-from kiln.serve.acme import AcmeError, Issued, issue_certificate
-from kiln.serve.front import Front, TlsState
-from kiln.serve.state import AgentState
+from kiln.serve.front.acme import AcmeError, Issued, issue_certificate
+from kiln.serve.front.front import Front, TlsState
+from kiln.serve.reports.state import AgentState
+from kiln.setup.headline import headline_of
 
 log = logging.getLogger("kiln.agent")
 ACME_RETRY_S = 600.0  # after a failed ACME order: Let's Encrypt allows 5 failed validations an hour
@@ -31,10 +32,10 @@ class Endpoint:
     motd: Callable[[str], None]  # writes the login message
     reload_proxy: Callable[[], None]  # SIGHUP to nginx's master
     _lock: threading.Lock = field(default_factory=threading.Lock)  # a reload and the ACME thread both write
-    issue: Callable[..., Issued] = issue_certificate  # the ACME order (kiln.serve.acme)
+    issue: Callable[..., Issued] = issue_certificate  # the ACME order (kiln.serve.front.acme)
     _acme: threading.Thread | None = None
     _acme_retry_at: float = 0.0
-    # The SHA-256 of the certificate the endpoint presents now (kiln.serve.probes); None: not checked.
+    # The SHA-256 of the certificate the endpoint presents now (kiln.serve.processes.probes); None: not checked.
     served_sha256: Callable[[], str | None] | None = None
     swap_wait_s: float = SWAP_WAIT_S
 
@@ -103,8 +104,11 @@ class Endpoint:
 
     def motd_text(self) -> str:
         tls = self.front.tls
-        lines = [f"kiln: OpenAI-compatible endpoint {self.state.endpoint}/v1 (`kiln status` for the model and health)",
-                 f"kiln: API keys: {', '.join(self.front.keys.names())} (`sudo kiln keys show NAME` prints one)"]
+        lines = [f"kiln: OpenAI-compatible endpoint {self.state.endpoint}/v1 (`kiln status` for the model and health)"]
+        capacity = ((self.state.plan or {}).get("predicted") or {}).get("capacity")
+        if capacity:
+            lines.append(f"kiln: {(self.state.plan or {}).get('profile')} predicted: {headline_of(capacity)}")
+        lines.append(f"kiln: API keys: {', '.join(self.front.keys.names())} (`sudo kiln keys show NAME` prints one)")
         if tls.files and tls.info:
             lines.append(f"kiln: TLS {tls.mode} certificate {tls.files.certificate}, SHA-256 {tls.info.sha256}"
                          + (" (pin it: `kiln status --certificate`)" if tls.info.self_signed else ""))

@@ -11,6 +11,7 @@ LOCAL_PORT = 8000  # `kiln up` on a laptop: vLLM's own default port, no privileg
 ROUTER_PORT = 8001  # vllm-router, localhost only
 ROUTER_METRICS_PORT = 8002  # vllm-router's Prometheus exporter, localhost only
 HEALTH_PORT = 8090  # kiln's /health, /ready, /status, /metrics, localhost only
+PUBLIC_HEALTH = "/health/public"  # on the health port: what nginx passes the public port's /health to
 IMAGE_STATE_DIR = Path("/var/lib/kiln")
 # Secrets for the units' EnvironmentFile= (kiln-vllm@.service): root-only, on tmpfs, read by systemd as root
 # before it drops to the instances' user, and outside /var/lib/kiln, which that user owns.

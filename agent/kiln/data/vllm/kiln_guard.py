@@ -31,7 +31,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 GENERATING = ("/v1/completions", "/v1/chat/completions")
-FRONT_CODES = {400: 520, 500: 521}  # kiln.serve.proxy answers 520 as 400 and 521 as 500
+FRONT_CODES = {400: 520, 500: 521}  # kiln.serve.front.proxy answers 520 as 400 and 521 as 500
 MAX_TOOLS = 128  # OpenAI's API: "A max of 128 functions are supported"
 MAX_ERROR_MESSAGE = 2000  # the header must fit nginx's proxy_buffer_size
 MAX_BODY = 64 * 2**20  # nginx's client_max_body_size

@@ -5,16 +5,18 @@ workers, and it serves its worker-management API on the same port, so it cannot 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
+import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.serve.health import PUBLIC_HEALTH
-from kiln.serve.keys import KeyStore
-from kiln.serve.layout import ServeLayout
-from kiln.serve.tls import CIPHERS_TLS12, PROTOCOLS
+from kiln import datafiles
+from kiln.serve.front.keys import KeyStore
+from kiln.serve.front.tls import CIPHERS_TLS12, PROTOCOLS
+from kiln.serve.layout import PUBLIC_HEALTH, ServeLayout
 
 RETRIES = 2  # passes of a failed request back to the router, each to the next worker in its rotation
 # The OpenAI API vLLM serves for a generative model; /v1/responses is what the gpt-oss recipe uses.
@@ -101,7 +103,19 @@ def _key_lines(keys: KeyStore) -> tuple[str, str, str]:
     return names, "\n".join(zones), "\n".join(limits)
 
 
+class _NginxTemplate(string.Template):
+    """nginx's configuration with @@{name} placeholders: `$` is nginx's own, for its variables."""
+
+    delimiter = "@@"
+
+
+@functools.cache
+def _template() -> _NginxTemplate:
+    return _NginxTemplate(datafiles.read_text("nginx/nginx.conf.template"))
+
+
 def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, tls: TlsFiles | None) -> str:
+    """The template (data/nginx/nginx.conf.template) filled with what depends on the settings, keys and TLS."""
     paths = "|".join(p.removeprefix("/v1/") for p in PUBLIC_PATHS)
     unauthorized = _error("a valid API key is required: send 'Authorization: Bearer KEY' (see `kiln status`)",
                           "invalid_request_error", "invalid_api_key")
@@ -122,11 +136,6 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
 {hsts}
             return {ANSWERED_AS.get(code, code)} {_error(*NGINX_ERRORS[code])};
         }}""" for code in NGINX_ERRORS)
-    upstream_settings = """            proxy_connect_timeout 5s;
-            proxy_buffering off;
-            proxy_cache off;
-            proxy_read_timeout 1800s;
-            proxy_send_timeout 1800s;"""
     pages = [*(f"error_page {code} = @vllm_{code};" for code in FROM_VLLM), "error_page 400 = @router_400;",
              "error_page 500 /.kiln-error/500;"]
     vllm_pages = "\n".join(f"            {page}" for page in pages)
@@ -168,7 +177,7 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
             default_type text/plain;
             try_files $uri =404;
         }}"""
-    plain = "" if not (tls and layout.http_port) else f"""
+    redirect_server = "" if not (tls and layout.http_port) else f"""
     # Port 80: the ACME challenge, and a redirect to the API's HTTPS for everything else.
     server {{
         listen {layout.public_host}:{layout.http_port};
@@ -178,128 +187,14 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
         }}
     }}
 """
-    return f"""\
-# kiln's public endpoint, written by the kiln agent at every start and change. Holds the API keys: root's, 0600.
-{user}worker_processes {settings.workers};
-pid tmp/nginx.pid;
-error_log stderr warn;
-
-events {{
-    worker_connections 8192;
-}}
-
-http {{
-    access_log off;
-    server_tokens off;
-    default_type application/json;
-    client_max_body_size {settings.max_body_bytes};
-    client_body_temp_path tmp/body;
-    proxy_temp_path tmp/proxy;
-    fastcgi_temp_path tmp/fastcgi;
-    uwsgi_temp_path tmp/uwsgi;
-    scgi_temp_path tmp/scgi;
-
-    map_hash_bucket_size 256;  # a key is longer than the default bucket
-    map_hash_max_size 65536;
-    # The key's name, or "" for no key: only names travel further (to vLLM, for per-key metrics).
-    map $http_authorization $kiln_key {{
-        default "";
-{key_names}
-    }}
-{rate_zones}
-    limit_req_status 429;
-    # A refusal is the client's 429 and a count on /metrics, not an error line: at nginx's default level one key
-    # over its rate wrote about 2 MB/s to the log.
-    limit_req_log_level info;
-    limit_conn_log_level info;
-    limit_conn_zone $server_port zone=kiln_in_flight:1m;
-
-    # The router listed once per try: nginx passes a request on to the "next" server only while no byte of the
-    # answer has gone out, and only where the router could not be reached or had no worker.
-    upstream kiln_router {{
-{servers}
-        keepalive 128;
-    }}
-{plain}
-    server {{
-{listen}
-{challenge if not tls else ""}
-{server_pages}
-        location @unauthorized {{
-            add_header WWW-Authenticate 'Bearer realm="kiln"' always;
-{hsts}
-            return 401 {unauthorized};
-        }}
-{error_locations}
-
-        location @overloaded {{
-            if ($limit_req_status = REJECTED) {{
-                add_header Retry-After 60 always;
-    {hsts}
-                return 429 {rate_limited};
-            }}
-            add_header Retry-After {settings.retry_after_s} always;
-{hsts}
-            return 429 {overloaded};
-        }}
-
-        # For load balancers, without a key: 200 while an instance is routed, else 503, and no other word.
-        location = /health {{
-            if ($request_method != GET) {{
-                return 405 '{{"status": "use GET"}}';
-            }}
-            proxy_pass http://{layout.local_host}:{layout.health_port}{PUBLIC_HEALTH};
-            proxy_pass_request_body off;
-            proxy_set_header Content-Length "";
-            proxy_set_header Authorization "";
-            proxy_hide_header Server;
-            proxy_connect_timeout 2s;
-            proxy_read_timeout 5s;
-            proxy_intercept_errors on;
-            error_page 502 504 = @unavailable;
-        }}
-        location @unavailable {{
-            return 503 '{{"status": "unavailable"}}';
-        }}
-
-        location ~ ^/v1/({paths})$ {{
-            if ($kiln_key = "") {{
-                return 401;
-            }}
-            # Here, not on the server: a full endpoint still answers its load balancer's /health (429 would have the
-            # balancer eject the busiest machine first) and the ACME challenge.
-            limit_conn kiln_in_flight {settings.max_in_flight};
-            limit_conn_status 429;
-{rate_limits}
-            proxy_pass http://kiln_router;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Authorization "";
-            proxy_set_header {KEY_HEADER} $kiln_key;
-            proxy_set_header X-Request-Id $request_id;
-            # Only where the router did not answer, had no worker, or could not reach one (its own 500 in plain text:
-            # vLLM's errors come as 520 and 521): an answer of vLLM's, an error too, is never sent again.
-            proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;
-            proxy_next_upstream_tries {RETRIES + 1};
-            # The router's plain-text answers become JSON; vLLM's own errors come in its words (520, 521, or a 404).
-            proxy_intercept_errors on;
-{api_pages}
-{vllm_pages}
-            proxy_hide_header X-Kiln-Error;
-{upstream_settings}
-        }}
-        # vLLM's own refusals and failures, in its words (kiln_guard.py hands them over as 520 and 521).
-{vllm_locations}
-
-        location / {{
-            if ($kiln_key = "") {{
-                return 401;
-            }}
-            return 404 {not_found};
-        }}
-    }}
-}}
-"""
+    return _template().substitute(
+        user=user, workers=settings.workers, max_body_bytes=settings.max_body_bytes, key_names=key_names,
+        rate_zones=rate_zones, servers=servers, redirect_server=redirect_server, listen=listen,
+        challenge="" if tls else challenge, server_pages=server_pages, hsts=hsts, unauthorized=unauthorized,
+        error_locations=error_locations, rate_limited=rate_limited, retry_after_s=settings.retry_after_s,
+        overloaded=overloaded, health_url=f"{layout.health_url}{PUBLIC_HEALTH}", paths=paths,
+        max_in_flight=settings.max_in_flight, rate_limits=rate_limits, key_header=KEY_HEADER, tries=RETRIES + 1,
+        api_pages=api_pages, vllm_pages=vllm_pages, vllm_locations=vllm_locations, not_found=not_found)
 
 
 def find_nginx() -> str | None:

@@ -15,11 +15,11 @@ from kiln.render.systemd import instance_dropin
 from kiln.render.vllm import OFFLINE_ENV, RenderedInstance
 from kiln.serve.caches import Caches
 from kiln.serve.decide import Decision
+from kiln.serve.front.secretfiles import write_private
 from kiln.serve.layout import ServeLayout
-from kiln.serve.ownership import give_to_user, share_with_group
-from kiln.serve.secretfiles import write_private
-from kiln.serve.supervisor import Launcher, Member
-from kiln.serve.systemd_units import SystemdUnits
+from kiln.serve.processes.ownership import give_to_user, share_with_group
+from kiln.serve.processes.supervisor import Launcher, Member
+from kiln.serve.processes.systemd_units import SystemdUnits
 from kiln.tinymodel import make_tiny_model
 
 log = logging.getLogger("kiln.agent")

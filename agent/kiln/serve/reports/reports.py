@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kiln.serve import metrics as prom
 from kiln.serve.layout import ServeLayout
-from kiln.serve.probes import fetch_text
-from kiln.serve.startup import parse_startup
-from kiln.serve.state import AgentState
-from kiln.serve.supervisor import Supervisor
+from kiln.serve.processes.probes import fetch_text
+from kiln.serve.processes.supervisor import Supervisor
+from kiln.serve.reports import metrics as prom
+from kiln.serve.reports.startup import parse_startup
+from kiln.serve.reports.state import AgentState
 
 log = logging.getLogger("kiln.agent")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kiln.choice.schema import Problem
 from kiln.errors import KilnError
-from kiln.serve.keys import DEFAULT_NAME, ApiKey, KeyStore
+from kiln.serve.front.keys import DEFAULT_NAME, ApiKey, KeyStore
 
 log = logging.getLogger("kiln.agent")
 
@@ -74,7 +74,7 @@ def load_keys(path: Path, legacy_key_file: Path | None = None) -> KeyStore:
 
 
 def load_keys_checked(path: Path, legacy_key_file: Path | None = None) -> tuple[KeyStore, tuple[Problem, ...]]:
-    """load_keys, with a problem for each entry of the store that is left out (kiln.serve.keys.KeyStore.read_json)."""
+    """load_keys, with a problem for each entry of the store that is left out (KeyStore.read_json)."""
     if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
         # A link, a FIFO or a folder where the store should be: never read as "no store", which would replace every
         # key and revocation with a new default key.

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.pricing import usd_per_million_tokens
-from kiln.serve.meter import TokenMeter
-from kiln.serve.supervisor import HELD, READY, STARTING, Supervisor
+from kiln.serve.processes.supervisor import HELD, READY, STARTING, Supervisor
+from kiln.serve.reports.meter import TokenMeter
 
 DETECTING, PLANNING, DOWNLOADING, STARTING_PHASE, READY_PHASE, DEGRADED, FAILED = (
     "detecting", "planning", "downloading", "starting", "ready", "degraded", "failed")

@@ -7,7 +7,7 @@ import ssl
 
 import requests
 
-from kiln.serve.tls import inspect
+from kiln.serve.front.tls import inspect
 
 
 def http_probe(url: str, timeout_s: float = 5.0) -> bool:

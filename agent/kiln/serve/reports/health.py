@@ -9,9 +9,9 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from kiln.serve.state import AgentState
+from kiln.serve.layout import PUBLIC_HEALTH
+from kiln.serve.reports.state import AgentState
 
-PUBLIC_HEALTH = "/health/public"
 log = logging.getLogger("kiln.health")
 
 

@@ -14,13 +14,13 @@ from pathlib import Path
 from kiln.choice.schema import NamedKey, Problem, TlsAcme, TlsCertificate, TlsSetting
 from kiln.errors import KilnError
 from kiln.processes import run_to_end
-from kiln.serve.acme import Issued
-from kiln.serve.filelock import held
-from kiln.serve.keys import DEFAULT_NAME, KeyChangeError, KeyStore, declared_keys
+from kiln.serve.front.acme import Issued
+from kiln.serve.front.filelock import held
+from kiln.serve.front.keys import DEFAULT_NAME, KeyChangeError, KeyStore, declared_keys
+from kiln.serve.front.proxy import ProxySettings, TlsFiles, nginx_config, nginx_test_argv
+from kiln.serve.front.secretfiles import load_keys_checked, read_private, save_keys, write_private
+from kiln.serve.front.tls import CertificateError, CertificateInfo, check_pair, covers, inspect, make_self_signed
 from kiln.serve.layout import ServeLayout
-from kiln.serve.proxy import ProxySettings, TlsFiles, nginx_config, nginx_test_argv
-from kiln.serve.secretfiles import load_keys_checked, read_private, save_keys, write_private
-from kiln.serve.tls import CertificateError, CertificateInfo, check_pair, covers, inspect, make_self_signed
 
 log = logging.getLogger("kiln.agent")
 

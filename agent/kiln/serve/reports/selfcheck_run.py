@@ -1,5 +1,5 @@
 """The self-check's run: vLLM's benchmark client against the router, judged against the engine's forecast for the
-same load (kiln.serve.selfcheck judges)."""
+same load (kiln.serve.reports.selfcheck judges)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kiln.bench.client import Target, VllmBench
 from kiln.errors import KilnError
 from kiln.perf.predict import forecast, kiln_steps
 from kiln.serve.decide import Decision
-from kiln.serve.selfcheck import SelfCheckSettings, self_check_result
+from kiln.serve.reports.selfcheck import SelfCheckSettings, self_check_result
 from kiln.setup.types import Constants
 
 
