@@ -1,5 +1,6 @@
 """The default plan (no workload: the `serve` preset) of every catalog profile on the GPU machine fixtures, with
-the engine's predicted output, its band, and how long the search took.
+the engine's predicted capacity at the preset's budget (requests/s and streams), the output at that load, its band,
+and how long the search took.
 
 Run: .venv/bin/python -m benchmarks.default_plans [--machines h100x1,h100x8,...]
 """
@@ -31,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     kiln = Kiln.create()
     catalog = kiln.catalog()
-    print(f"{'machine':8} {'profile':32} {'plan':36} {'output tok/s':>12}  {'band':>19}  {'search':>7}")
+    print(f"{'machine':8} {'profile':32} {'plan':36} {'req/s':>7} {'streams':>7} {'output tok/s':>12}  "
+          f"{'band':>19}  {'search':>7}")
     for name in args.machines.split(","):
         machine = kiln.machine(name)
         for profile_name in catalog.names():
@@ -44,9 +46,12 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(plan, Plan):
                 print(f"{name:8} {profile_name:32} refused: {plan.reason[:70]}")
                 continue
-            p = plan.predicted
+            p, cap = plan.predicted, plan.predicted.capacity or {}
             band = f"{p.band.low:,.0f}-{p.band.high:,.0f}" if p.band else "-"
-            print(f"{name:8} {profile_name:32} {label(plan):36} {p.output_tokens_per_s or 0:>12,.0f}  {band:>19}  "
+            rate = f"{cap['requests_per_s']:,.2f}" if cap else "-"
+            streams = f"{cap['streams']:,}" if cap else "-"
+            output = p.output_tokens_per_s or 0
+            print(f"{name:8} {profile_name:32} {label(plan):36} {rate:>7} {streams:>7} {output:>12,.0f}  {band:>19}  "
                   f"{took:>6.2f}s")
     return 0
 

@@ -55,8 +55,13 @@ def test_plan_json_contract() -> None:
     for key in ("gpus", "tensor_parallel_size", "port", "argv", "env"):
         assert key in data["instances"][0]
     for key in ("weight_bytes_per_gpu", "kv_bytes_per_token", "kv_cache_tokens_per_instance",
-                "max_concurrency_per_instance", "tokens_per_s_per_user", "output_tokens_per_s", "band"):
+                "max_concurrency_per_instance", "capacity"):
         assert key in data["predicted"]
+    # The default workload's figures are its capacity's, under that one name only.
+    for key in ("budget", "streams", "requests_per_s", "output_tokens_per_s", "tokens_per_s_per_user",
+                "tokens_per_s_per_gpu", "ttft_ms_p90", "tpot_ms_p90", "band"):
+        assert key in data["predicted"]["capacity"]
+    assert "output_tokens_per_s" not in data["predicted"] and "band" not in data["predicted"]
     assert isinstance(data["explanation"], str) and data["explanation"]
 
 

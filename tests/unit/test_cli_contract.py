@@ -49,8 +49,8 @@ def test_predicting_a_plans_setup_gives_back_the_plans_number(capsys: pytest.Cap
     assert code == 0
     assert predicted["setup"]["max_num_seqs"] == plan["max_num_seqs"]
     assert predicted["setup"]["speculative_config"] == plan["speculative_config"]
-    assert predicted["output_tokens_per_s"] == plan["predicted"]["output_tokens_per_s"]
-    assert predicted["band"] == plan["predicted"]["band"]
+    # The default workload finds its load: the capacity at its budget, with its band, is one figure in both.
+    assert predicted["capacity"] == plan["predicted"]["capacity"] and predicted["capacity"]["streams"] > 0
 
 
 def test_a_plan_for_a_workload_gives_back_the_same_number_through_predict(capsys: pytest.CaptureFixture[str]
@@ -79,8 +79,13 @@ def test_every_workload_flag_of_predict(capsys: pytest.CaptureFixture[str], flag
     code, out = run(capsys, "predict", "--machine", "h100x1", "--profile", "llama-3.1-8b-instruct",
                      "--num-prompts", "40", *flags, "--json")
     assert code == 0, flags
-    assert out["output_tokens_per_s"] > 0 and out["workload"]["num_prompts"] in (40, 50)
-    assert set(out["band"] or {}) <= {"low", "high", "source"}
+    assert out["workload"]["num_prompts"] in (40, 50)
+    if "capacity" in out:  # a budget and no load: the load is found
+        assert out["capacity"]["output_tokens_per_s"] > 0 and "output_tokens_per_s" not in out
+        assert set(out["capacity"]["band"] or {}) <= {"requests_per_s", "output_tokens_per_s", "source"}
+    else:
+        assert out["output_tokens_per_s"] > 0
+        assert set(out["band"] or {}) <= {"low", "high", "source"}
 
 
 EVERY_SETTING_FLAG = [
@@ -132,7 +137,8 @@ def test_flags_that_conflict_are_named_together_without_pydantic_prefixes(capsys
 
 
 EVERY_PLAN_FLAG = [
-    [], ["--workload", "chat"], ["--request-rate", "inf"], ["--concurrency", "16", "--tpot-ms", "80"],
+    [], ["--workload", "chat"], ["--workload", "batch", "--request-rate", "inf"],
+    ["--concurrency", "16", "--tpot-ms", "80"],
     ["--objective", "latency"], ["--tp", "4"], ["--speculative", "off"], ["--quantization", "fp8"],
     ["--max-model-len", "16384"], ["--launcher", "module"], ["--systemd"], ["--models-dir", "/tmp/models"],
     ["--dp", "8", "--expert-parallel"],
@@ -150,7 +156,8 @@ def test_every_flag_of_plan(capsys: pytest.CaptureFixture[str], flags: list[str]
         assert "[Service]" in out
         return
     plan = json.loads(out)
-    assert plan["predicted"]["output_tokens_per_s"] > 0 and plan["workload"]["description"]
+    predicted = plan["predicted"]
+    assert (predicted.get("capacity") or predicted)["output_tokens_per_s"] > 0 and plan["workload"]["description"]
     if "--tp" in flags:
         assert plan["tensor_parallel_size"] == 4
     if "--speculative" in flags:

@@ -29,14 +29,18 @@ CONTRACT = {"output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "toke
             "tpot_ms", "itl_ms", "engine", "notes"}
 
 
-def test_the_default_workload_keeps_each_user_above_a_speed_floor(kiln: Kiln) -> None:
+def test_the_default_workload_finds_the_most_load_within_a_latency_budget(kiln: Kiln) -> None:
     default = resolve(None)
     assert DEFAULT_PRESET == "serve" and default.preset == "serve"
     planning = kiln.constants.get("planning")
     assert (default.input_len, default.output_len) == (planning["typical_prompt_tokens"],
                                                        planning["typical_output_tokens"])
-    assert default.request_rate == math.inf and default.tpot_budget_ms is not None
-    assert 40 <= default.tpot_budget_ms <= 200  # inside MLPerf's server-scenario TPOT bounds
+    assert default.finds_capacity and default.concurrency is None and default.request_rate is None
+    assert default.tpot_budget_ms is not None and 40 <= default.tpot_budget_ms <= 200  # MLPerf's server TPOT bounds
+    assert default.ttft_ms == 500  # NVIDIA Dynamo's SLA planner default, near MLPerf's interactive 450 ms
+    # Every preset with a budget finds its load; batch keeps every request at once and the most output.
+    assert [n for n, p in PRESETS.items() if p.workload.finds_capacity] == ["serve", "chat", "rag", "agent"]
+    assert PRESETS["batch"].workload.request_rate == math.inf and not PRESETS["batch"].workload.has_budget
     assert all(p.why for p in PRESETS.values())
 
 
@@ -241,8 +245,9 @@ def test_async_scheduling_hides_the_ranks_hand_over_under_the_gpus_time(kiln: Ki
 
 
 def test_the_search_meets_the_budget_and_explains_with_predictions(kiln: Kiln) -> None:
+    """A workload with its own load (16 chats at a time): the most output that meets the budget there."""
     machine, profile = kiln.machine("h100x8"), kiln.profile("llama-3.3-70b-instruct", None)
-    work = resolve(WorkloadSpec(preset="chat"))
+    work = resolve(WorkloadSpec(preset="chat", concurrency=16))
     found = choose(machine, profile, Choice(), work, kiln.constants,
                    lambda p: kiln_steps(p, machine, profile, kiln.constants))
     assert isinstance(found, Choosing) and found.chosen.forecast.meets(work)
@@ -303,9 +308,11 @@ def test_the_boot_plan_and_status_carry_the_engines_figures_and_band(kiln: Kiln)
     assert report is not None
     assert report["workload"]["preset"] == DEFAULT_PRESET
     predicted = report["predicted"]
-    assert predicted["engine"] == "kiln" and predicted["output_tokens_per_s"] > 0
-    band = predicted["band"]
-    assert band is not None and band["low"] < band["high"] and band["source"]
+    capacity = predicted["capacity"]
+    assert predicted["engine"] == "kiln" and capacity["output_tokens_per_s"] > 0 and capacity["requests_per_s"] > 0
+    band = capacity["band"]
+    assert band is not None and band["source"]
+    assert band["requests_per_s"][0] < capacity["requests_per_s"] < band["requests_per_s"][1]
 
 
 def test_a_band_comes_from_the_most_specific_class_with_enough_cases(kiln: Kiln) -> None:

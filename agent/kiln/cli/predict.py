@@ -12,13 +12,15 @@ from kiln.cli import planargs
 from kiln.cli.output import print_json, table
 from kiln.errors import KilnError
 from kiln.hardware.model import Machine
+from kiln.perf.capacity import streams_load
 from kiln.perf.engines import engine_for
 from kiln.perf.predict import Forecast, forecast
 from kiln.perf.steps import StepModel
 from kiln.perf.workload import Workload
 from kiln.planner.bands import band_for
+from kiln.planner.by_capacity import capacity_of
 from kiln.planner.explain import Option
-from kiln.planner.search import Choosing, choose, make_plan
+from kiln.planner.search import Choosing, capacity_band, capacity_report, choose, make_plan
 from kiln.profiles.schema import Profile
 from kiln.setup.types import Plan, Refusal
 from kiln.wiring import Kiln
@@ -136,6 +138,38 @@ def forecast_text(plan: Plan, workload: Workload, f: Forecast) -> str:
     return "\n".join(lines)
 
 
+def setup_dict(plan: Plan) -> dict[str, Any]:
+    return {"machine": plan.machine, "profile": plan.profile, "instances": len(plan.instances),
+            "tensor_parallel_size": plan.tensor_parallel_size, "quantization": plan.quantization,
+            "data_parallel_size": plan.engine.data_parallel_size,
+            "enable_expert_parallel": plan.engine.enable_expert_parallel,
+            "kv_cache_dtype": plan.kv_cache_dtype, "speculative_config": plan.engine.speculative_config,
+            "max_num_seqs": plan.engine.max_num_seqs, "max_num_batched_tokens": plan.engine.max_num_batched_tokens,
+            "max_model_len": plan.engine.max_model_len}
+
+
+def _predict_capacity(kiln: Kiln, args: argparse.Namespace, plan: Plan, profile: Profile, workload: Workload,
+                      steps: StepModel, arch: str) -> int:
+    """A workload with a budget and no load: the setup's capacity within it, then the figures at that load."""
+    gpus = max(sum(len(i.gpus) for i in plan.instances), 1)
+    cap = capacity_of(plan, workload, gpus, kiln.constants, steps)
+    report = capacity_report(cap, capacity_band(plan, profile, workload, cap, kiln.constants, arch))
+    if args.json:
+        print_json({"capacity": report, "engine": steps.name, "workload": workload.as_dict(),
+                    "setup": setup_dict(plan), "meets_budget": cap.met})
+        return 0
+    alone = cap.at_streams or forecast(plan, streams_load(workload, 1), steps, kiln.constants)
+    print(f"Capacity: {cap.headline()}")
+    band = report.get("band")
+    if band:
+        print(f"likely: {band['requests_per_s'][0]:,.1f} to {band['requests_per_s'][1]:,.1f} requests/s, "
+              f"{band['output_tokens_per_s'][0]:,.0f} to {band['output_tokens_per_s'][1]:,.0f} output tok/s "
+              f"({band['source']})")
+    print("")
+    print(forecast_text(plan, streams_load(workload, max(cap.streams, 1)), alone))
+    return 0
+
+
 def cmd_predict(kiln: Kiln, args: argparse.Namespace) -> int:
     """The setup the settings fix (what they leave open, kiln's search fills in for this workload, as a plan
     would), predicted for the workload."""
@@ -154,19 +188,14 @@ def cmd_predict(kiln: Kiln, args: argparse.Namespace) -> int:
         return planargs.refused(args, found, "predict")
     plan = _with_limits(found, args)
     steps = steps_for(kiln, args.engine, machine, profile)(plan)
-    result = forecast(plan, workload, steps, kiln.constants)
     arch = machine.gpus[0].architecture.value if machine.gpus else "cpu"
+    if workload.finds_capacity and not profile.cpu_only:
+        return _predict_capacity(kiln, args, plan, profile, workload, steps, arch)
+    result = forecast(plan, workload, steps, kiln.constants)
     band = band_for(plan, profile, workload, result.output_tokens_per_s, kiln.constants, arch)
     if args.json:
         print_json({**result.as_dict(), "band": band.as_dict() if band else None, "workload": workload.as_dict(),
-                    "setup": {
-            "machine": plan.machine, "profile": plan.profile, "instances": len(plan.instances),
-            "tensor_parallel_size": plan.tensor_parallel_size, "quantization": plan.quantization,
-            "data_parallel_size": plan.engine.data_parallel_size,
-            "enable_expert_parallel": plan.engine.enable_expert_parallel,
-            "kv_cache_dtype": plan.kv_cache_dtype, "speculative_config": plan.engine.speculative_config,
-            "max_num_seqs": plan.engine.max_num_seqs, "max_num_batched_tokens": plan.engine.max_num_batched_tokens,
-            "max_model_len": plan.engine.max_model_len}, "meets_budget": result.meets(workload)})
+                    "setup": setup_dict(plan), "meets_budget": result.meets(workload)})
     else:
         print(forecast_text(plan, workload, result))
         if band:

@@ -13,6 +13,7 @@ from kiln.cli.locate import locate
 from kiln.cli.output import print_json, table
 from kiln.errors import KilnError
 from kiln.serve.layout import HEALTH_PORT
+from kiln.setup.headline import headline_of
 
 EXIT_UNAVAILABLE = 2
 
@@ -123,6 +124,9 @@ def status_text(s: dict[str, Any]) -> str:
         stages = f" x PP{plan['pipeline_parallel_size']}" if plan.get("pipeline_parallel_size", 1) > 1 else ""
         lines.append(f"serving   {plan.get('profile')} ({plan.get('quantization')}, "
                      f"TP{plan.get('tensor_parallel_size')}{stages} x {len(plan.get('instances', []))})")
+        capacity = (plan.get("predicted") or {}).get("capacity")
+        if capacity:
+            lines.append(f"predicted {headline_of(capacity)}")
     download = s.get("download")
     if download:
         baked = download.get("state") == "baked"

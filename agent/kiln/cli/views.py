@@ -10,6 +10,7 @@ from kiln.cli.output import gib, table
 from kiln.hardware.model import Machine
 from kiln.profiles.schema import Profile
 from kiln.render.vllm import RenderedInstance
+from kiln.setup.headline import headline_of
 from kiln.setup.types import Plan
 
 
@@ -75,6 +76,8 @@ def machine_text(m: Machine) -> str:
 def engine_rows(plan: Plan) -> list[list[str]]:
     """The engine's figures for the plan's workload, with the band its out-of-sample error gives."""
     p = plan.predicted
+    if p.capacity is not None:
+        return capacity_rows(plan, p.capacity)
     if p.output_tokens_per_s is None:
         return [["output tok/s", "not predicted"]]
     band = f" (likely {p.band.low:,.0f} to {p.band.high:,.0f})" if p.band else ""
@@ -83,6 +86,23 @@ def engine_rows(plan: Plan) -> list[list[str]]:
         rows.append(["tok/s per user (p50)", f"{p.tokens_per_s_per_user:,.1f}"])
     if p.ttft_ms_p90 is not None and p.tpot_ms_p90 is not None:
         rows.append(["TTFT / TPOT p90 ms", f"{p.ttft_ms_p90:,.0f} / {p.tpot_ms_p90:,.1f}"])
+    if plan.workload:
+        rows.append(["for the workload", str(plan.workload.get("description") or plan.workload.get("preset"))])
+    return rows
+
+
+def capacity_rows(plan: Plan, cap: dict[str, Any]) -> list[list[str]]:
+    """The capacity at the budget first, then the figures at that load."""
+    if not cap["streams"]:
+        return [["capacity", headline_of(cap)]]
+    band = cap.get("band")
+    rows = [["capacity (all instances)", headline_of(cap).split(";")[0].removeprefix("carries ")],
+            ["output tok/s there", f"{cap['output_tokens_per_s']:,.0f}" + (
+                f" (likely {band['output_tokens_per_s'][0]:,.0f} to {band['output_tokens_per_s'][1]:,.0f})"
+                if band else "")],
+            ["tok/s per GPU there", f"{cap['tokens_per_s_per_gpu']:,.0f}"],
+            ["tok/s per user (p50)", f"{cap['tokens_per_s_per_user']:,.1f}"],
+            ["TTFT / TPOT p90 ms there", f"{cap['ttft_ms_p90']:,.0f} / {cap['tpot_ms_p90']:,.1f}"]]
     if plan.workload:
         rows.append(["for the workload", str(plan.workload.get("description") or plan.workload.get("preset"))])
     return rows

@@ -165,11 +165,17 @@ def limits(plan: Plan) -> Limits:
                   plan.predicted.kv_cache_tokens_per_instance // e.schedulers, e.enable_prefix_caching)
 
 
+# A steady closed loop's outputs spread evenly from half to one and a half times the mean, as `vllm bench serve
+# --random-range-ratio 0.5` sends: streams whose requests all take as long would stay in lockstep, each wave of
+# prompts arriving at once, which no real load does.
+STEADY_SPREAD = ((0.0, 0.5), (1.0, 1.5))
+
+
 def loads(workload: Workload, instances: int, c: Constants) -> list[Load]:
     """What each instance receives when the router spreads the workload evenly. A dataset with a known spread
-    (data/planner.yaml `datasets`) gives each request its own output length."""
+    (data/planner.yaml `datasets`) gives each request its own output length, and so does a steady load."""
     dataset = c.data.get("datasets", {}).get(workload.dataset, {}) if workload.dataset else {}
-    quantiles = dataset.get("output_len_quantiles")
+    quantiles = dataset.get("output_len_quantiles") or (STEADY_SPREAD if workload.steady else None)
     out = []
     for i in range(instances):
         prompts = workload.num_prompts // instances + (1 if i < workload.num_prompts % instances else 0)
@@ -181,7 +187,8 @@ def loads(workload: Workload, instances: int, c: Constants) -> list[Load]:
             if conc == 0:
                 continue
             out.append(Load(workload.input_len, workload.output_len, prompts, concurrency=conc,
-                            prefix_len=workload.prefix_len, output_lens=spread))
+                            prefix_len=workload.prefix_len, output_lens=spread,
+                            warmup=conc if workload.steady else 0))
         else:
             rate = (workload.request_rate or math.inf) / instances
             out.append(Load(workload.input_len, workload.output_len, prompts,
@@ -226,12 +233,12 @@ def forecast(plan: Plan, workload: Workload, steps: StepModel, c: Constants, emi
     if draft and emitted:
         draft = Drafting(draft.tokens, float(emitted))
     lim = limits(plan)
-    cache: dict[tuple[int | None, int, tuple[float, ...], tuple[int, ...]], Outcome] = {}
+    cache: dict[tuple[int | None, int, tuple[float, ...], tuple[int, ...], int], Outcome] = {}
     outcomes = []
     for load in per_instance:
         # Instances sent the same requests at the same times serve them alike: simulate one of them.
-        key = (load.concurrency, load.num_prompts, load.arrivals, load.output_lens) if load.concurrency or not any(
-            load.arrivals) else None
+        key = (load.concurrency, load.num_prompts, load.arrivals, load.output_lens, load.warmup) if (
+            load.concurrency or not any(load.arrivals)) else None
         if key is not None and key in cache:
             outcomes.append(cache[key])
             continue

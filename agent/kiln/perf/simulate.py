@@ -51,6 +51,7 @@ class Load:
     arrivals: tuple[float, ...] = ()
     prefix_len: int = 0
     output_lens: tuple[int, ...] = ()  # each request's output, in the order they are sent; empty: all output_len
+    warmup: int = 0  # the first requests sent, served but left out of the latencies (a closed loop's first wave)
 
     def output_of(self, index: int) -> int:
         return self.output_lens[index % len(self.output_lens)] if self.output_lens else self.output_len
@@ -87,6 +88,7 @@ class _Request:
     start: float = 0.0  # the shared decode counter when it started decoding
     base: float = 0.0  # its share of the decoding context sum, less the shared counter
     alive: bool = True
+    counted: bool = True  # its latencies count (not part of the warm-up)
 
 
 @dataclass
@@ -128,10 +130,11 @@ class _Engine:
         if self.sent >= self.load.num_prompts:
             return
         output = self.load.output_of(self.sent)
+        counted = self.sent >= self.load.warmup
         self.sent += 1
         self.out.input_tokens += self.load.input_len
         queue = self.waiting if at <= self.t + EPS else self.future
-        queue.append(_Request(at, self.load.input_len, self.load.input_len, output))
+        queue.append(_Request(at, self.load.input_len, self.load.input_len, output, counted=counted))
 
     def arrive(self) -> None:
         while self.future and self.future[0].arrival <= self.t + EPS:
@@ -237,9 +240,10 @@ class _Engine:
             self._stop_decoding(r)
             self.out.completed += 1
             first = r.first_token if r.first_token is not None else self.t
-            self.out.ttft_s.append(first - r.arrival)
-            if r.output > 1:
-                self.out.tpot_s.append((self.t - first) / (r.output - 1))
+            if r.counted:
+                self.out.ttft_s.append(first - r.arrival)
+                if r.output > 1:
+                    self.out.tpot_s.append((self.t - first) / (r.output - 1))
             if self.load.concurrency is not None:
                 self.send(self.t)
 

@@ -5,20 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kiln.choice.schema import Choice
 from kiln.hardware.model import Machine
+from kiln.perf.capacity import Capacity, streams_load
 from kiln.perf.predict import Forecast, forecast, kiln_steps
 from kiln.perf.steps import StepModel
 from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, resolve
 from kiln.planner.bands import band_for
+from kiln.planner.by_capacity import Carried, at_one_stream, burst, capacity_of, carried, explain_capacity, settle
 from kiln.planner.explain import Option, explain
 from kiln.planner.plan import describe, fit_plans
 from kiln.planner.startup import with_cold_start
 from kiln.planner.topology import valid_tp_sizes
 from kiln.planner.variants import choices, variants
 from kiln.profiles.schema import Profile
-from kiln.setup.types import Constants, Plan, Refusal
+from kiln.setup.types import Band, Constants, Plan, Refusal
 
 StepsFor = Callable[[Plan], StepModel]
 LOOSER = 1.05  # a suggested budget leaves this margin over the closest setup's prediction
@@ -31,6 +34,7 @@ class Choosing:
     chosen: Option
     alternatives: tuple[Option, ...]  # the others that were predicted, best first
     explanation: tuple[str, ...]
+    capacity: Capacity | None = None  # a workload that finds its load: the chosen setup's, at its budget
 
 
 def _score(option: Option, objective: str) -> tuple[float, float]:
@@ -113,6 +117,10 @@ def choose(machine: Machine, profile: Profile, choice: Choice, workload: Workloa
     prediction meets the workload's budget; the others it beat, and why, in numbers. When none meets it: a
     refusal saying what would, or with `closest` the setup nearest the budget."""
     objective = choice.objective or "throughput"
+    if workload.finds_capacity and objective == "latency":  # the fastest tokens for one user: one stream
+        workload = streams_load(workload, 1)
+    elif workload.finds_capacity:
+        return _choose_by_capacity(machine, profile, choice, workload, c, steps_for, alternatives, closest)
     options, refusal = predict_options(machine, profile, choice, workload, c, steps_for)
     if not options:
         whole = fit_plans(machine, profile, choice, c, alternatives, workload.request_tokens)
@@ -128,6 +136,43 @@ def choose(machine: Machine, profile: Profile, choice: Choice, workload: Workloa
     if not meeting:
         lines.insert(1, f"No setup meets {workload.budget()}: the closest is chosen.")
     return Choosing(best, others, tuple(lines))
+
+
+def _choose_by_capacity(machine: Machine, profile: Profile, choice: Choice, workload: Workload, c: Constants,
+                        steps_for: StepsFor, alternatives: Sequence[Machine], closest: bool) -> Choosing | Refusal:
+    """The setup that carries the most requests/s within the budget (kiln.planner.by_capacity)."""
+    options, refusal = predict_options(machine, profile, choice, burst(workload), c, steps_for)
+    if not options:
+        whole = fit_plans(machine, profile, choice, c, alternatives, workload.request_tokens)
+        return whole if isinstance(whole, Refusal) else (refusal or Refusal(
+            f"{profile.name} does not fit on {machine.name}"))
+    ranked = carried(options, workload, machine.gpu_count, c, steps_for)
+    met = [x for x in ranked if x.capacity.met]
+    alone = streams_load(workload, 1)
+    if not met:
+        singles = at_one_stream(options, workload, c, steps_for)
+        if not closest:
+            return _refuse(machine, profile, choice, alone, c, steps_for, singles, alternatives)
+        near = min(singles, key=lambda o: _shortfall(o, alone))
+        cap = capacity_of(near.plan, workload, machine.gpu_count, c, steps_for(near.plan))
+        lines = [f"Workload: {workload.shape()}; {workload.budget()}.",
+                 f"No setup meets {workload.budget()} even with one request at a time: the closest is chosen, "
+                 f"{near.label}: alone it predicts {near.numbers()}."]
+        return Choosing(near, tuple(o for o in singles if o is not near), tuple(lines), cap)
+    best = settle(met)
+    full = capacity_of(best.option.plan, workload, machine.gpu_count, c, steps_for(best.option.plan),
+                       streams_found=best.capacity)
+    most_output = max(options, key=lambda o: o.forecast.output_tokens_per_s)
+    burst_best = next((x for x in ranked if x.option is most_output), None)
+    if burst_best is None:  # skipped by the bound: searched now, to say what capacity changed
+        burst_best = Carried(most_output, capacity_of(most_output.plan, workload, machine.gpu_count, c,
+                                                      steps_for(most_output.plan), with_rate=False))
+    lines = explain_capacity(Carried(best.option, full), [x if x is not best else Carried(best.option, full)
+                                                          for x in ranked], burst_best, workload, len(options))
+    chosen = Option(best.option.plan, full.at_streams or best.option.forecast)
+    searched = [x.option for x in ranked if x is not best]
+    others = (*searched, *(o for o in options if o is not best.option and o not in searched))
+    return Choosing(chosen, others, tuple(lines), full)
 
 
 def make_plan(machine: Machine, profile: Profile, choice: Choice, c: Constants,
@@ -174,11 +219,44 @@ def plan_of(machine: Machine, profile: Profile, choice: Choice, found: Choosing,
     elif not profile.speculative:
         lines.append("Speculative decoding off: the profile has no draft model, EAGLE head or MTP layer.")
     lines += _unfit_lines(machine, profile, choice, found, c)
-    chosen = with_forecast(plan, found.chosen.forecast, workload, profile, c, (),
-                           machine.gpus[0].architecture.value if machine.gpus else "cpu")
+    architecture = machine.gpus[0].architecture.value if machine.gpus else "cpu"
+    if found.capacity is not None:
+        chosen = with_capacity(plan, found.chosen.forecast, found.capacity, workload, profile, c, architecture)
+        return replace(chosen, explanation=tuple([*lines, *found.explanation]))
+    chosen = with_forecast(plan, found.chosen.forecast, workload, profile, c, (), architecture)
     lines += found.explanation
     lines += _close_calls(chosen, found.alternatives, workload)
     return replace(chosen, explanation=tuple(lines))
+
+
+def with_capacity(plan: Plan, at_streams: Forecast, cap: Capacity, workload: Workload, profile: Profile,
+                  c: Constants, architecture: str) -> Plan:
+    """The plan with its capacity at the budget: the engine's figures are those at that load, and its band
+    scales the requests/s and the output alike (the errors the band comes from are of output at a load)."""
+    at = streams_load(workload, max(cap.streams, 1))
+    shown = with_forecast(plan, at_streams, at, profile, c, (), architecture)
+    figures = capacity_report(cap, shown.predicted.band)
+    described = {**workload.as_dict(), "description": f"{workload.shape()}; {workload.budget()}"}
+    return replace(shown, workload=described, predicted=replace(shown.predicted, capacity=figures))
+
+
+def capacity_band(plan: Plan, profile: Profile, workload: Workload, cap: Capacity, c: Constants,
+                  architecture: str) -> Band | None:
+    """The output band at the capacity's load (its class: the load regime of those streams)."""
+    return band_for(plan, profile, streams_load(workload, max(cap.streams, 1)), cap.output_tokens_per_s, c,
+                    architecture)
+
+
+def capacity_report(cap: Capacity, band: Band | None) -> dict[str, Any]:
+    """The capacity's figures under one name, with its band: the output's band scales the requests/s alike (the
+    errors it comes from are of output at a load)."""
+    figures = cap.as_dict()
+    figures["band"] = None
+    if band is not None and cap.output_tokens_per_s:
+        low, high = band.low / cap.output_tokens_per_s, band.high / cap.output_tokens_per_s
+        figures["band"] = {"requests_per_s": [round(cap.requests_per_s * low, 3), round(cap.requests_per_s * high, 3)],
+                           "output_tokens_per_s": [round(band.low, 1), round(band.high, 1)], "source": band.source}
+    return figures
 
 
 def _unfit_lines(machine: Machine, profile: Profile, choice: Choice, found: Choosing, c: Constants) -> list[str]:

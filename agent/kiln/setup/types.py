@@ -92,10 +92,23 @@ class Prediction:
     tpot_ms_p90: float | None = None
     band: Band | None = None
     engine: str | None = None
+    # A workload with a budget and no load: the most it carries within the budget (kiln.perf.capacity), and the
+    # figures above are those at that load, shown under this one name.
+    capacity: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         def r(v: float | None, digits: int = 1) -> float | None:
             return None if v is None else round(v, digits)
+        memory = {
+            "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
+            "kv_cache_bytes_per_gpu": self.kv_cache_bytes_per_gpu,
+            "kv_cache_tokens_per_instance": self.kv_cache_tokens_per_instance,
+            "max_concurrency_per_instance": round(self.max_concurrency_per_instance, 2),
+        }
+        if self.capacity is not None:
+            return {**memory, "capacity": self.capacity, "engine": self.engine}
         return {
             "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
             "kv_bytes_per_token": self.kv_bytes_per_token,
