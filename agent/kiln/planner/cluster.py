@@ -10,6 +10,7 @@ with the network the droplets really have between them, and the best chosen:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -232,6 +233,10 @@ def plan_cluster(machine: Machine, nodes: int, profile: Profile, choice: Choice,
         one = plan_of(machine, profile, choice, found, workload, c) if isinstance(found, Choosing) else fits[0]
         return _fleet(machine, nodes, one, workload, c, steps_for)
     alone = fits
+    if workload.finds_capacity:
+        # Layouts across nodes are compared by their output with every request at once within the TPOT budget:
+        # their capacity at a TTFT budget is not searched (each probe would simulate every node's pipeline).
+        workload = replace(workload, request_rate=math.inf, ttft_ms=None)
     options: list[ClusterOption] = []
     reasons: list[str] = []
     specs: list[bool | None] = [choice.speculative_decoding] if choice.speculative_decoding is not None else (
