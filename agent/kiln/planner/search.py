@@ -3,6 +3,7 @@ the best that meets the latency budget chosen. Pure: the engine's step times com
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -117,8 +118,10 @@ def choose(machine: Machine, profile: Profile, choice: Choice, workload: Workloa
     prediction meets the workload's budget; the others it beat, and why, in numbers. When none meets it: a
     refusal saying what would, or with `closest` the setup nearest the budget."""
     objective = choice.objective or "throughput"
-    if workload.finds_capacity and objective == "latency":  # the fastest tokens for one user: one stream
-        workload = streams_load(workload, 1)
+    if workload.finds_capacity and objective == "latency":
+        # The fastest tokens per user within the TPOT budget, every request sent at once (a capacity is a count of
+        # requests, which the latency objective does not maximise).
+        workload = replace(workload, request_rate=math.inf, ttft_ms=None)
     elif workload.finds_capacity:
         return _choose_by_capacity(machine, profile, choice, workload, c, steps_for, alternatives, closest)
     options, refusal = predict_options(machine, profile, choice, workload, c, steps_for)
