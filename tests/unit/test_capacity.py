@@ -3,16 +3,20 @@ planner's choice by it, and one predicted figure for one setup wherever it is sh
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import replace
 
 import pytest
 
 from kiln.choice.schema import Choice
+from kiln.cli.main import main
 from kiln.perf.capacity import find_rate, find_streams, streams_load
 from kiln.perf.predict import Forecast, forecast, kiln_steps, limits
 from kiln.perf.simulate import Load, simulate
 from kiln.perf.workload import PRESETS, Workload, resolve
 from kiln.planner.by_capacity import burst, capacity_of
+from kiln.planner.demand import demand_of_users
 from kiln.planner.search import make_plan, predict_options
 from kiln.setup.types import Plan, Refusal
 from kiln.wiring import Kiln
@@ -110,3 +114,20 @@ def test_a_budget_no_setup_meets_even_alone_says_what_would(kiln: Kiln) -> None:
                         workload=tight)
     assert isinstance(refused, Refusal) and "concurrency 1" in refused.reason
     assert any(s.startswith("a looser budget") for s in refused.suggestions), refused.suggestions
+
+
+def test_a_fleet_is_sized_from_one_droplets_capacity(capsys: pytest.CaptureFixture[str]) -> None:
+    """`kiln fleet plan --demand R`: ceil(R / one droplet's capacity) droplets of each size, cheapest first, at the
+    plan's own capacity; --users N turns users into requests/s by Little's law."""
+    assert main(["fleet", "plan", "--demand", "40", "--profile", "llama-3.1-8b-instruct", "--machines",
+                 "h100x1,l40s", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    options = {o["machine"]: o for o in out["options"]}
+    for o in options.values():
+        assert o["droplets"] == math.ceil(40 / o["capacity_requests_per_s"])
+        assert o["usd_per_million_output_tokens"] == pytest.approx(
+            o["usd_per_hour"] / (40 * 1024 * 3600) * 1e6, rel=1e-3)
+    assert [o["usd_per_hour"] for o in out["options"]] == sorted(o["usd_per_hour"] for o in out["options"])
+    assert demand_of_users(100, 9.0, streams=10, requests_per_s=10.0) == pytest.approx(10.0)  # 1 s + 9 s a turn
+    assert main(["fleet", "plan", "--users", "0", "--profile", "qwen3-8b"]) == 2  # a usage error
+    assert "above 0" in capsys.readouterr().err

@@ -10,10 +10,21 @@ from typing import Any
 
 import requests
 
+from kiln import datafiles
+from kiln.choice.schema import Choice
 from kiln.cli.output import print_json, table
+from kiln.errors import KilnError
 from kiln.fleet import ops
 from kiln.fleet.api import DigitalOcean
 from kiln.fleet.spec import ANYWHERE, FleetSpec
+from kiln.perf.workload import PRESETS as WORKLOAD_PRESETS
+from kiln.planner.demand import demand_of_users, size
+from kiln.planner.search import make_plan
+from kiln.pricing import hourly_price
+from kiln.setup.types import Refusal
+from kiln.wiring import Kiln
+
+SIZED_MACHINES = ("h100x1", "h100x8", "h200x1", "h200x8", "l40s", "b300x8")  # DigitalOcean's GPU droplet sizes
 
 
 def add_arguments(_name: str, fleet: argparse.ArgumentParser) -> None:
@@ -41,7 +52,20 @@ def add_arguments(_name: str, fleet: argparse.ArgumentParser) -> None:
     down.add_argument("name")
     status = fsub.add_parser("status", help="each droplet's state and health, and the load balancer's view")
     status.add_argument("name")
-    for p in (up, scale, down, status):
+    plan = fsub.add_parser("plan", help="how many droplets of each size carry a demand within the latency budget, "
+                                        "and their cost (no token needed)")
+    load = plan.add_mutually_exclusive_group(required=True)
+    load.add_argument("--demand", type=float, help="requests per second to carry")
+    load.add_argument("--users", type=int, help="users, each sending a request, reading it, and sending the next")
+    plan.add_argument("--think-s", type=float, default=0.0, help="with --users: seconds a user waits between a "
+                                                                 "reply and the next request (default 0)")
+    plan.add_argument("--profile", help="a catalog profile")
+    plan.add_argument("--model", help="a Hugging Face model (ORG/NAME) or a local folder")
+    plan.add_argument("--machines", default=",".join(SIZED_MACHINES),
+                      help=f"machine fixtures to compare (default: {','.join(SIZED_MACHINES)})")
+    plan.add_argument("--workload", choices=[p for p in WORKLOAD_PRESETS if p != "batch"], default="serve",
+                      help="the budget and request shape (default: serve)")
+    for p in (up, scale, down, status, plan):
         p.add_argument("--json", action="store_true", help="print JSON for programs")
     for p in (up, scale, down):
         p.add_argument("--yes", action="store_true", help="do not ask; for scripts that have read the price")
@@ -70,6 +94,8 @@ def probe_health(address: str) -> str:
 
 
 def cmd_fleet(_kiln: None, args: argparse.Namespace) -> int:
+    if args.action == "plan":
+        return cmd_fleet_plan(Kiln.create(), args)
     api = DigitalOcean.from_environment()
     if args.action == "up":
         spec = FleetSpec(args.name, size=args.size, count=args.count, region=args.region, image=args.image,
@@ -107,3 +133,47 @@ def status_text(result: dict[str, Any]) -> str:
                                   f"{len(lb['droplet_ids'])} droplet(s)" if lb else "none"),
              "firewall: " + (result["firewall"]["status"] if result["firewall"] else "none")]
     return "\n".join(line for line in lines if line)
+
+
+def cmd_fleet_plan(kiln: Kiln, args: argparse.Namespace) -> int:
+    """Each machine's plan for the workload, its capacity at the budget, and the droplets that carry the demand."""
+    if not (args.profile or args.model):
+        raise KilnError("name the model", fix="give --profile NAME or --model ORG/NAME")
+    if (args.demand is not None and args.demand <= 0) or (args.users is not None and args.users <= 0):
+        raise KilnError("the demand must be above 0", fix="give --demand R (requests/s) or --users N above 0")
+    profile = kiln.profile(args.profile, args.model)
+    workload = WORKLOAD_PRESETS[args.workload].workload
+    prices = datafiles.read_yaml("droplets.yaml")
+    rows, refused = [], []
+    for name in args.machines.split(","):
+        machine = kiln.machine(name)
+        plan = make_plan(machine, profile, Choice(), kiln.constants, workload=workload)
+        if isinstance(plan, Refusal) or plan.predicted.capacity is None:
+            refused.append({"machine": name, "why": plan.reason if isinstance(plan, Refusal) else "no capacity"})
+            continue
+        cap = plan.predicted.capacity
+        demand = args.demand if args.demand is not None else demand_of_users(
+            args.users, args.think_s, int(cap["streams"]), float(cap["requests_per_s"]))
+        sized = size(demand, name, machine.droplet_size, f"{plan.layout()} {plan.quantization}", cap,
+                     hourly_price(machine, prices), workload.output_len)
+        if sized is None:
+            refused.append({"machine": name, "why": f"one droplet carries no load at {workload.budget()}"})
+            continue
+        rows.append((demand, sized))
+    rows.sort(key=lambda r: (r[1].usd_per_hour is None, r[1].usd_per_hour or 0.0))
+    if args.json:
+        print_json({"profile": profile.name, "workload": workload.as_dict(),
+                    "options": [{**s.as_dict(), "demand_requests_per_s": round(d, 3)} for d, s in rows],
+                    "refused": refused})
+        return 0
+    asked = (f"{args.demand:g} requests/s" if args.demand is not None
+             else f"{args.users:,} users thinking {args.think_s:g} s between requests")
+    print(f"{profile.name}: {asked} at {workload.budget()} ({workload.shape()})")
+    print(table(["Droplet size", "Machine", "Setup", "Each carries", "Droplets", "$/hour", "$ per M output tok"],
+                [[s.droplet_size or "-", s.machine, s.setup, f"{s.capacity_requests_per_s:,.2f} req/s",
+                  s.droplets, "-" if s.usd_per_hour is None else f"{s.usd_per_hour:,.2f}",
+                  "-" if s.usd_per_million_output_tokens is None else f"{s.usd_per_million_output_tokens:,.3f}"]
+                 for _, s in rows]))
+    for r in refused:
+        print(f"{r['machine']}: {r['why']}")
+    return 0
