@@ -227,6 +227,21 @@ def test_instance_metrics_merge_into_one_valid_exposition() -> None:
     assert parsed["kiln_phase"].labels == {"phase": "detecting"}
 
 
+def test_metrics_export_the_load_against_the_plans_capacity() -> None:
+    """For an autoscaler: requests in flight (vLLM's running and waiting, all instances) over the capacity's
+    streams; unknown when an instance's gauges are missing, and absent without a capacity."""
+    gauges = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 30.0\n'
+              '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine="0"} 2.0\n')
+    plan = {"predicted": {"capacity": {"streams": 128, "requests_per_s": 4.5}}}
+    text = prom.exposition(prom.capacity_families(plan, {"vllm-0": gauges, "vllm-1": gauges})).decode()
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert values == {"kiln_capacity_streams": 128, "kiln_capacity_requests_per_second": 4.5,
+                      "kiln_requests_in_flight": 64, "kiln_load_vs_capacity": 0.5}
+    partial = prom.capacity_families(plan, {"vllm-0": gauges, "vllm-1": "not metrics"})
+    assert [f.name for f in partial] == ["kiln_capacity_streams", "kiln_capacity_requests_per_second"]
+    assert prom.capacity_families({"predicted": {}}, {"vllm-0": gauges}) == []
+
+
 def _decide(kiln: Kiln, machine: str, **choice: object) -> Decision:
     resolved = ResolvedChoice(Choice.model_validate(choice), dict.fromkeys(choice, "user-data"))
     return decide(kiln, machine, resolved, Runtime())

@@ -82,6 +82,28 @@ def kiln_families(status: Mapping[str, Any], telemetry: Iterable[Mapping[str, An
     return families
 
 
+def capacity_families(plan: Mapping[str, Any] | None, instance_texts: Mapping[str, str]) -> list[Metric]:
+    """The load against the plan's capacity within its budget: requests in flight (running or queued in vLLM)
+    over the streams the machine carries, for an operator's autoscaler. Absent when the plan has no capacity."""
+    capacity = ((plan or {}).get("predicted") or {}).get("capacity") or {}
+    if not capacity.get("streams"):
+        return []
+    families: list[Metric] = [
+        GaugeMetricFamily("kiln_capacity_streams", "requests in flight the machine carries within the plan's latency "
+                          "budget (predicted)", value=float(capacity["streams"])),
+        GaugeMetricFamily("kiln_capacity_requests_per_second", "Poisson arrivals the machine carries within the "
+                          "plan's latency budget (predicted)", value=float(capacity["requests_per_s"]))]
+    counts = [requests_in_flight(text) for text in instance_texts.values()]
+    if counts and all(c is not None for c in counts):
+        in_flight = sum(c for c in counts if c is not None)
+        families.append(GaugeMetricFamily("kiln_requests_in_flight", "requests running or queued, all instances",
+                                          value=in_flight))
+        families.append(GaugeMetricFamily("kiln_load_vs_capacity", "requests in flight over the capacity's streams: "
+                                          "above 1 the latency budget no longer holds", value=in_flight /
+                                          float(capacity["streams"])))
+    return families
+
+
 class _Families(Collector):
     def __init__(self, families: list[Metric]) -> None:
         self.families = families

@@ -59,5 +59,7 @@ class Reports:
         families = prom.kiln_families(status, self.state.telemetry())
         families += prom.parse(fetch_text(f"http://{self.layout.local_host}:{self.layout.router_metrics_port}"
                                           "/metrics"))
-        families += prom.merge_labelled(self.instance_metrics(), "kiln_instance")
+        texts = self.instance_metrics()
+        families += prom.capacity_families(status.get("plan"), texts)
+        families += prom.merge_labelled(texts, "kiln_instance")
         return prom.exposition(families)
