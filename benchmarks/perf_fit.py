@@ -72,16 +72,21 @@ def best_point(matrix: list[Errors]) -> int:
     return max(range(len(matrix)), key=lambda i: _rank(matrix[i], everyone))
 
 
-def held_out(matrix: list[Errors], groups: list[str]) -> Errors:
-    """Every case predicted by the grid point that fits best without the case's whole group."""
-    out: Errors = [None] * len(groups)
+def fitted_without(matrix: list[Errors], groups: list[str]) -> list[int]:
+    """Per case, the grid point that fits best without the case's whole group."""
+    chosen = [0] * len(groups)
     for group in sorted(set(groups)):
         keep = [g != group for g in groups]
         best = max(range(len(matrix)), key=lambda i: _rank(matrix[i], keep))
         for j, g in enumerate(groups):
             if g == group:
-                out[j] = matrix[best][j]
-    return out
+                chosen[j] = best
+    return chosen
+
+
+def held_out(matrix: list[Errors], groups: list[str]) -> Errors:
+    """Every case predicted by the grid point that fits best without the case's whole group."""
+    return [matrix[point][j] for j, point in enumerate(fitted_without(matrix, groups))]
 
 
 def stats(errors: Errors) -> tuple[float, float, int]:

@@ -41,6 +41,8 @@ class Row:
     kiln: float | None = None
     kiln_tpot_ms: float | None = None
     aic: float | None = None
+    measured_ttft_ms: float | None = None
+    kiln_ttft_ms: float | None = None
     problem: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -212,6 +214,8 @@ def evaluate(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -
                                 emitted=spec_case.get("acceptance_length") if isinstance(spec_case, dict) else None)
     row.kiln = result.output_tokens_per_s if metric == "output" else result.total_tokens_per_s
     row.kiln_tpot_ms = result.tpot_ms["p50"]
+    row.measured_ttft_ms = (case.get("measured") or {}).get("ttft_ms_median")
+    row.kiln_ttft_ms = result.ttft_ms["p50"]
     row.notes = list(result.notes)
     return row
 
