@@ -88,7 +88,7 @@ def streams_load(workload: Workload, streams: int) -> Workload:
 
 
 def rate_load(workload: Workload, rate: float) -> Workload:
-    return replace(workload, concurrency=None, request_rate=rate, num_prompts=RATE_PROMPTS)
+    return replace(workload, concurrency=None, request_rate=rate, num_prompts=RATE_PROMPTS, steady=True)
 
 
 def stream_grid(ceiling: int, anchors: tuple[int, ...] = ()) -> list[int]:

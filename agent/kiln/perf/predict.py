@@ -191,9 +191,10 @@ def loads(workload: Workload, instances: int, c: Constants) -> list[Load]:
                             warmup=conc if workload.steady else 0))
         else:
             rate = (workload.request_rate or math.inf) / instances
+            # A steady load sends every scheduler the same sample of the process: alike, they are simulated once.
             out.append(Load(workload.input_len, workload.output_len, prompts,
-                            arrivals=poisson_arrivals(rate, prompts, seed=i), prefix_len=workload.prefix_len,
-                            output_lens=spread))
+                            arrivals=poisson_arrivals(rate, prompts, seed=0 if workload.steady else i),
+                            prefix_len=workload.prefix_len, output_lens=spread))
     return out
 
 
@@ -237,15 +238,10 @@ def forecast(plan: Plan, workload: Workload, steps: StepModel, c: Constants, emi
     outcomes = []
     for load in per_instance:
         # Instances sent the same requests at the same times serve them alike: simulate one of them.
-        key = (load.concurrency, load.num_prompts, load.arrivals, load.output_lens, load.warmup) if (
-            load.concurrency or not any(load.arrivals)) else None
-        if key is not None and key in cache:
-            outcomes.append(cache[key])
-            continue
-        outcome = simulate(steps, lim, load, draft)
-        if key is not None:
-            cache[key] = outcome
-        outcomes.append(outcome)
+        key = (load.concurrency, load.num_prompts, load.arrivals, load.output_lens, load.warmup)
+        if key not in cache:
+            cache[key] = simulate(steps, lim, load, draft)
+        outcomes.append(cache[key])
     notes = []
     if workload.dataset:
         spread = "outputs spread as the dataset's" if per_instance[0].output_lens else "outputs at the mean"
