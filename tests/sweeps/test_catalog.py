@@ -12,6 +12,9 @@ from tests.unit.test_render import rendered_argv_parses_with_vllm
 
 from kiln.wiring import Kiln
 
+# One test process makes every catalog plan once and shares it with the fast tier's samples of the same checks.
+pytestmark = pytest.mark.xdist_group("catalog_plans")
+
 
 @pytest.mark.parametrize("machine", GPU_FIXTURES)
 def test_every_profile_plans_or_refuses_clearly_on_every_machine(kiln: Kiln, planned: Planned, machine: str) -> None:
