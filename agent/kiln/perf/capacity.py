@@ -21,6 +21,7 @@ from typing import Any
 
 from kiln.perf.predict import Forecast
 from kiln.perf.workload import Workload
+from kiln.setup.headline import headline_of
 
 ROUNDS = 3  # requests per stream in a probe: the first wave, left out, and two more
 MIN_PROMPTS = 32
@@ -55,16 +56,8 @@ class Capacity:
     def tokens_per_s_per_gpu(self) -> float:
         return self.output_tokens_per_s / self.gpus if self.gpus else 0.0
 
-    def budget(self) -> str:
-        parts = [f"TTFT p90 <= {self.ttft_ms:,.0f} ms" if self.ttft_ms is not None else "",
-                 f"TPOT p90 <= {self.tpot_ms:,.0f} ms" if self.tpot_ms is not None else ""]
-        return " and ".join(p for p in parts if p)
-
     def headline(self) -> str:
-        if not self.met:
-            return f"carries no load at {self.budget()}: one request alone misses it"
-        return (f"carries {self.requests_per_s:,.1f} requests/s (about {self.streams:,} streams) at {self.budget()}; "
-                f"{self.output_tokens_per_s:,.0f} output tok/s there")
+        return headline_of(self.as_dict())
 
     def as_dict(self) -> dict[str, Any]:
         f = self.at_streams
@@ -190,5 +183,5 @@ def streams_ceiling(slots: int) -> int:
 def ranking(cap: Capacity) -> tuple[float, float]:
     """Requests/s at the budget, ties broken by output per GPU."""
     rate = cap.at_streams.requests_per_s if cap.at_streams else 0.0
-    return (rate, cap.tokens_per_s_per_gpu if not math.isnan(cap.tokens_per_s_per_gpu) else 0.0)
+    return (rate, cap.tokens_per_s_per_gpu)
 

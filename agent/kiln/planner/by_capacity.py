@@ -4,9 +4,7 @@ Each setup's capacity is a search of simulated loads (kiln.perf.capacity), so th
 - setups are tried in order of the requests/s they complete when every request is sent at once, more than any of
   them carries within a budget: one whose bound is below the best capacity found is skipped;
 - one probe at the best setup's streams settles most others: a setup that misses the budget there while completing
-  fewer requests/s cannot beat it (fewer streams complete fewer still);
-- a setup that differs from one already searched only by a max_num_seqs that the found load never reached gets
-  its result.
+  fewer requests/s cannot beat it (fewer streams complete fewer still).
 """
 
 from __future__ import annotations
@@ -32,7 +30,8 @@ class Carried:
     capacity: Capacity
 
 
-def _layout(plan: Plan) -> tuple[object, ...]:
+def layout_of(plan: Plan) -> tuple[object, ...]:
+    """What a close call is between: precision, split and drafts on or off (not draft lengths or batch limits)."""
     e = plan.engine
     return (plan.quantization, e.tensor_parallel_size, e.data_parallel_size, len(plan.instances),
             bool(e.speculative_config))
@@ -40,12 +39,6 @@ def _layout(plan: Plan) -> tuple[object, ...]:
 
 def slots(plan: Plan) -> int:
     return plan.engine.max_num_seqs * plan.engine.schedulers * len(plan.instances)
-
-
-def _key(plan: Plan) -> tuple[object, ...]:
-    e = plan.engine
-    return (plan.quantization, e.tensor_parallel_size, e.data_parallel_size, e.pipeline_parallel_size,
-            len(plan.instances), repr(e.speculative_config), e.max_num_batched_tokens, e.max_model_len)
 
 
 def capacity_of(plan: Plan, workload: Workload, gpus: int, c: Constants, steps: StepModel,
@@ -58,27 +51,19 @@ def carried(options: Sequence[Option], workload: Workload, gpus: int, c: Constan
             ) -> list[Carried]:
     """The capacity of every setup that could beat the best found, best bound first (streams only)."""
     found: list[Carried] = []
-    searched: dict[tuple[object, ...], list[tuple[int, int, Capacity]]] = {}
-    best = 0.0
     for option in sorted(options, key=lambda o: -o.forecast.requests_per_s):
+        leader = max(found, key=lambda x: ranking(x.capacity), default=None)
+        best = ranking(leader.capacity)[0] if leader else 0.0
         if option.forecast.requests_per_s < best:
             continue
         plan = option.plan
-        leader = max(found, key=lambda x: ranking(x.capacity), default=None)
         if leader is not None and leader.capacity.met:
             there = forecast(plan, streams_load(workload, leader.capacity.streams), steps_for(plan), c)
             if not there.meets(workload) and there.requests_per_s <= best:
                 continue
-        schedulers = plan.engine.schedulers * len(plan.instances)
-        key = _key(plan)
-        same = next((cap for limit, per, cap in searched.get(key, ())
-                     if per < limit and per < plan.engine.max_num_seqs), None)
-        start = max((x.capacity.streams for x in found), default=1)  # where the last search ended
-        cap = same or capacity_of(plan, workload, gpus, c, steps_for(plan), with_rate=False, start=start)
-        found.append(Carried(option, cap))
-        best = max(best, ranking(cap)[0])
-        if same is None:
-            searched.setdefault(key, []).append((plan.engine.max_num_seqs, -(-cap.streams // schedulers), cap))
+        start = max((x.capacity.streams for x in found), default=1)  # the search starts near the answers so far
+        found.append(Carried(option, capacity_of(plan, workload, gpus, c, steps_for(plan), with_rate=False,
+                                                 start=start)))
     return sorted(found, key=lambda x: ranking(x.capacity), reverse=True)
 
 
@@ -102,10 +87,10 @@ def explain_capacity(best: Carried, ranked: Sequence[Carried], burst_best: Carri
     lines = [f"Workload: {workload.shape()}; {workload.budget()}.",
              f"Chosen for the most requests/s within the budget: {best.option.label}: {cap.headline()}."]
     rate = ranking(cap)[0]
-    others, shown = [], {_layout(best.option.plan)}
+    others, shown = [], {layout_of(best.option.plan)}
     for x in ranked:  # the best of each other split, precision and drafts on or off
-        if _layout(x.option.plan) not in shown:
-            shown.add(_layout(x.option.plan))
+        if layout_of(x.option.plan) not in shown:
+            shown.add(layout_of(x.option.plan))
             others.append(x)
     for x in others[:SHOWN]:
         theirs = ranking(x.capacity)[0]

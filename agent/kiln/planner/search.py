@@ -15,7 +15,16 @@ from kiln.perf.predict import Forecast, forecast, kiln_steps
 from kiln.perf.steps import StepModel
 from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, resolve
 from kiln.planner.bands import band_for
-from kiln.planner.by_capacity import Carried, at_one_stream, burst, capacity_of, carried, explain_capacity, settle
+from kiln.planner.by_capacity import (
+    Carried,
+    at_one_stream,
+    burst,
+    capacity_of,
+    carried,
+    explain_capacity,
+    layout_of,
+    settle,
+)
 from kiln.planner.explain import Option, explain
 from kiln.planner.plan import describe, fit_plans
 from kiln.planner.startup import with_cold_start
@@ -277,20 +286,13 @@ def _unfit_lines(machine: Machine, profile: Profile, choice: Choice, found: Choo
             f"{'does' if len(unfit) == 1 else 'do'} not fit in memory."]
 
 
-def _layout(plan: Plan) -> tuple[object, ...]:
-    """What a close call is between: precision, split and drafts on or off (not draft lengths or batch limits)."""
-    e = plan.engine
-    return (plan.quantization, e.tensor_parallel_size, e.data_parallel_size, len(plan.instances),
-            bool(e.speculative_config))
-
-
 def _close_calls(chosen: Plan, others: Sequence[Option], workload: Workload) -> list[str]:
     """Alternatives that meet the budget and whose predicted output lies inside the chosen one's band."""
     band = chosen.predicted.band
     if band is None:
         return []
     close = [o for o in others if o.forecast.meets(workload) and band.low <= o.forecast.output_tokens_per_s
-             <= band.high and _layout(o.plan) != _layout(chosen)]
+             <= band.high and layout_of(o.plan) != layout_of(chosen)]
     if not close:
         return []
     o = max(close, key=lambda x: x.forecast.output_tokens_per_s)

@@ -110,12 +110,7 @@ class Prediction:
         if self.capacity is not None:
             return {**memory, "capacity": self.capacity, "engine": self.engine}
         return {
-            "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
-            "kv_bytes_per_token": self.kv_bytes_per_token,
-            "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
-            "kv_cache_bytes_per_gpu": self.kv_cache_bytes_per_gpu,
-            "kv_cache_tokens_per_instance": self.kv_cache_tokens_per_instance,
-            "max_concurrency_per_instance": round(self.max_concurrency_per_instance, 2),
+            **memory,
             "output_tokens_per_s": r(self.output_tokens_per_s),
             "tokens_per_s_per_user": r(self.tokens_per_s_per_user),
             "ttft_ms_p90": r(self.ttft_ms_p90),
