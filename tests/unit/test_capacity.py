@@ -129,5 +129,7 @@ def test_a_fleet_is_sized_from_one_droplets_capacity(capsys: pytest.CaptureFixtu
             o["usd_per_hour"] / (40 * 1024 * 3600) * 1e6, rel=1e-3)
     assert [o["usd_per_hour"] for o in out["options"]] == sorted(o["usd_per_hour"] for o in out["options"])
     assert demand_of_users(100, 9.0, streams=10, requests_per_s=10.0) == pytest.approx(10.0)  # 1 s + 9 s a turn
-    assert main(["fleet", "plan", "--users", "0", "--profile", "qwen3-8b"]) == 2  # a usage error
-    assert "above 0" in capsys.readouterr().err
+    for bad in (["--users", "0"], ["--demand", "inf"], ["--demand", "nan"], ["--demand", "-1"],
+                ["--users", "10", "--think-s", "-5"], ["--users", "10", "--think-s", "nan"]):
+        assert main(["fleet", "plan", *bad, "--profile", "qwen3-8b"]) == 2, bad  # a usage error, no traceback
+        assert "fix:" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from tests.conftest import Planned
 from tests.unit.test_planner import SAMPLE_FIXTURES
 
 from kiln.choice.schema import Choice
+from kiln.cli.main import main
 from kiln.planner.cpu import make_cpu_plan
 from kiln.planner.search import make_plan
 from kiln.render.systemd import dropin_path, instance_dropin, instance_unit_name, quote
@@ -159,3 +160,10 @@ def test_the_instances_ports_move_together_so_two_stacks_share_a_machine(kiln: K
     assert [r.port for r in moved] == [9100, 9101]
     assert [r.argv[r.argv.index("--port") + 1] for r in moved] == ["9100", "9101"]
     assert [r.port for r in render_instances(plan, Runtime())] == [i.port for i in plan.instances] == [8100, 8101]
+
+
+@pytest.mark.parametrize("bad", ["99999", "-5", "0"])
+def test_a_port_out_of_range_is_a_usage_error(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["up", "--instance-port", bad, "--state-dir", "/nonexistent"])
+    assert refused.value.code == 2 and "is not a TCP port" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -139,8 +140,11 @@ def cmd_fleet_plan(kiln: Kiln, args: argparse.Namespace) -> int:
     """Each machine's plan for the workload, its capacity at the budget, and the droplets that carry the demand."""
     if not (args.profile or args.model):
         raise KilnError("name the model", fix="give --profile NAME or --model ORG/NAME")
-    if (args.demand is not None and args.demand <= 0) or (args.users is not None and args.users <= 0):
-        raise KilnError("the demand must be above 0", fix="give --demand R (requests/s) or --users N above 0")
+    if (args.demand is not None and not 0 < args.demand < math.inf) or (args.users is not None and args.users <= 0):
+        raise KilnError("the demand must be a number above 0", fix="give --demand R (requests/s) or --users N "
+                        "above 0")
+    if not 0 <= args.think_s < math.inf:
+        raise KilnError(f"--think-s {args.think_s:g} is not a time", fix="give --think-s 0 or more seconds")
     profile = kiln.profile(args.profile, args.model)
     workload = WORKLOAD_PRESETS[args.workload].workload
     prices = datafiles.read_yaml("droplets.yaml")

@@ -40,17 +40,25 @@ EXIT_UNAVAILABLE = 2
 PROXY_USER = "www-data"  # nginx's workers on the image: Debian's web user, who can read none of kiln's secrets
 
 
+def tcp_port(text: str) -> int:
+    """A TCP port, refused at the command line (argparse's usage error) when out of range."""
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1 to 65535)")
+    return value
+
+
 def _add_ports(p: argparse.ArgumentParser, port: int, http_port: int | None) -> None:
     p.add_argument("--state-dir", type=Path, help="plan, API keys, certificate, logs and made models (default: "
                                                   f"{default_state_dir()})")
-    p.add_argument("--port", type=int, default=port, help=f"the public OpenAI endpoint, HTTPS (default {port})")
+    p.add_argument("--port", type=tcp_port, default=port, help=f"the public OpenAI endpoint, HTTPS (default {port})")
     p.add_argument("--http-port", type=int, default=http_port,
                    help="plain HTTP: the ACME challenge and a redirect, or the API with TLS off"
                         + (f" (default {http_port})" if http_port else " (default: none)"))
-    p.add_argument("--health-port", type=int, default=HEALTH_PORT, help="the local health endpoint")
-    p.add_argument("--router-port", type=int, default=ROUTER_PORT, help="vllm-router (localhost)")
-    p.add_argument("--router-metrics-port", type=int, default=ROUTER_METRICS_PORT)
-    p.add_argument("--instance-port", type=int, help="the first vLLM instance's port (localhost), the next ones "
+    p.add_argument("--health-port", type=tcp_port, default=HEALTH_PORT, help="the local health endpoint")
+    p.add_argument("--router-port", type=tcp_port, default=ROUTER_PORT, help="vllm-router (localhost)")
+    p.add_argument("--router-metrics-port", type=tcp_port, default=ROUTER_METRICS_PORT)
+    p.add_argument("--instance-port", type=tcp_port, help="the first vLLM instance's port (localhost), the next ones "
                                                     "after it (default: the plan's, 8100)")
     p.add_argument("--machine", help="plan for a fixture or machine file instead of this machine's GPUs")
     p.add_argument("--router-policy", choices=ROUTER_POLICIES, default=RouterSettings.policy,
