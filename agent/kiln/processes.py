@@ -154,3 +154,22 @@ def run_to_end(argv: Sequence[str], timeout_s: float = 30.0) -> tuple[int, str]:
     except OSError as exc:
         return 127, f"{argv[0]} cannot run: {exc.strerror}"
     return done.returncode, done.stdout.decode("utf-8", errors="replace")
+
+
+def children_of(pid: int, proc: Path = Path("/proc")) -> dict[int, str]:
+    """The processes whose parent is `pid`, each with its title (its command line, which a server such as nginx
+    rewrites to say what the process does). Read from /proc; a process that exits meanwhile is left out."""
+    found: dict[int, str] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text(encoding="ascii", errors="replace")
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so read after its last ")"
+            if int(stat.rpartition(")")[2].split()[1]) != pid:
+                continue
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        found[int(entry.name)] = title.strip()
+    return found

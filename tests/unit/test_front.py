@@ -27,10 +27,12 @@ from kiln.choice.schema import Choice, NamedKey, TlsAcme, validate_fields
 from kiln.cli.bench import local_endpoint
 from kiln.cli.main import main
 from kiln.errors import KilnError
+from kiln.processes import children_of
 from kiln.serve.endpoint import Endpoint
 from kiln.serve.front.acme import Issued
 from kiln.serve.front.front import Front, FrontConfigError
 from kiln.serve.front.keys import KeyChangeError, KeyStore, redact
+from kiln.serve.front.nginx_workers import serving_workers, wait_in_force
 from kiln.serve.front.proxy import ProxySettings, TlsFiles, nginx_argv
 from kiln.serve.front.secretfiles import KeyStoreError, save_keys
 from kiln.serve.front.tls import CertificateError, check_pair, covers, inspect, make_self_signed
@@ -178,8 +180,15 @@ class Running:
                             timeout=5)
 
     def apply(self) -> None:
+        """What the agent's reload does: the configuration, SIGHUP, and the wait until no worker answers with the
+        configuration before."""
         self.front.write_config()
-        self.nginx.send_signal(1)  # SIGHUP: what the agent's reload does
+        assert self.hup(), "nginx did not put the new configuration in force"
+
+    def hup(self, timeout_s: float = 5.0) -> bool:
+        before = serving_workers(children_of(self.nginx.pid))
+        self.nginx.send_signal(1)
+        return wait_in_force(lambda: children_of(self.nginx.pid), before, timeout_s)
 
 
 @pytest.fixture
@@ -274,10 +283,10 @@ def test_rotating_a_key_applies_within_a_second_and_keeps_the_stream_in_flight(r
     running.front.keys = running.front.keys.rotate("default", "kiln-rotated-key-0123456789")
     started = time.monotonic()
     running.apply()
-    while running.get("kiln-rotated-key-0123456789").status_code != 200:
-        assert time.monotonic() - started < 1.0, "the rotated key was not accepted within a second"
-        time.sleep(0.02)
-    assert running.get(old).status_code == 401
+    assert time.monotonic() - started < 1.0, "the rotated key was not in force within a second"
+    # From the moment apply returns, every new connection meets the new keys: no old worker accepts any more.
+    assert [running.get(old).status_code for _ in range(10)] == [401] * 10
+    assert running.get("kiln-rotated-key-0123456789").status_code == 200
     reader.join(timeout=30)
     assert chunks == [f"data: {i}".encode() for i in range(15)]  # the stream begun with the old key finished
 
@@ -308,7 +317,6 @@ def test_a_key_compares_exactly_and_a_key_differing_in_case_is_another_key(runni
         assert running.get(other).status_code == 401
     running.front.keys = running.front.keys.add("clash", key.swapcase())
     running.apply()  # nginx takes it: a key with its case swapped is another key, not a conflicting one
-    time.sleep(0.3)
     assert running.get(key.swapcase()).json()["key"] == "clash" and running.get(key).json()["key"] == "default"
 
 
@@ -325,9 +333,19 @@ def test_a_configuration_nginx_refuses_never_replaces_the_live_one(running: Runn
     assert live.read_text() == before and not list(live.parent.glob("*.new*"))
     said = refused.value.message()
     assert all(k.secret.lower() not in said.lower() for k in running.front.keys.keys)
-    running.nginx.send_signal(1)
-    time.sleep(0.3)
+    assert running.hup()
     assert running.get("kiln-default-key-0123456789").status_code == 200  # still the old configuration
+
+
+def test_a_reload_nginx_refuses_is_seen_as_not_in_force(running: Running) -> None:
+    """A configuration broken on disk behind kiln's back: nginx's master keeps its old workers, and the wait says
+    the change is not in force instead of reporting it applied."""
+    live = running.front.layout.proxy_config
+    live.write_text(live.read_text() + "\nbroken;\n")
+    started = time.monotonic()
+    assert not running.hup(timeout_s=1.0)
+    assert time.monotonic() - started < 2.0
+    assert running.get("kiln-default-key-0123456789").status_code == 200  # the old workers still serve
 
 
 def test_no_key_reaches_an_error_message_in_any_case() -> None:

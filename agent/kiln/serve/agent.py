@@ -30,7 +30,7 @@ from kiln.hub.files import repos_for
 from kiln.hub.preflight import HubVerdict
 from kiln.perf.workload import resolve as resolve_workload
 from kiln.pricing import hourly_price
-from kiln.processes import ProcessSpec
+from kiln.processes import ProcessSpec, children_of
 from kiln.render.cluster import distributed_ports
 from kiln.render.vllm import IMAGE_VLLM, Runtime, vllm_python
 from kiln.serve.caches import Caches, place_caches
@@ -39,6 +39,7 @@ from kiln.serve.decide import Decision, decide
 from kiln.serve.drain import drain
 from kiln.serve.endpoint import Endpoint
 from kiln.serve.front.front import Front
+from kiln.serve.front.nginx_workers import serving_workers, wait_in_force
 from kiln.serve.front.proxy import ProxySettings, find_nginx, nginx_argv
 from kiln.serve.front.secretfiles import write_private
 from kiln.serve.layout import ServeLayout
@@ -64,6 +65,7 @@ LOOP_S = 0.2  # how soon a reload (SIGHUP) is acted on
 DOCTOR_WAIT_S = 120.0  # how long a transient pre-flight failure (a fabric still being set up) may take to clear
 DOCTOR_RETRY_S = 5.0
 QUEUE_FACTOR = 2  # requests in flight per instance slot: one running batch and one waiting
+PROXY_RELOAD_WAIT_S = 10.0  # nginx starts its new workers in well under a second, even on a loaded machine
 
 
 @dataclass(frozen=True)
@@ -439,9 +441,19 @@ class Agent:
                             "`kiln reload`")
 
     def _reload_proxy(self) -> None:
+        """nginx re-reads its configuration; this returns once no worker answers with the one before, so a key
+        revoked is refused from the moment `kiln keys` says it is applied."""
         proxy = self.supervisor.others[0] if self.supervisor and self.supervisor.others else None
-        if proxy and proxy.running:
-            proxy.running.reload()
+        if not (proxy and proxy.running):
+            return
+        master = proxy.running.pid
+        before = serving_workers(children_of(master)) if master else set()
+        proxy.running.reload()
+        if master and not wait_in_force(lambda: children_of(master), before, PROXY_RELOAD_WAIT_S):
+            what = (f"nginx has not put its new configuration in force within {PROXY_RELOAD_WAIT_S:.0f} s: "
+                    "its workers may still answer with the keys and limits before")
+            log.error("%s", what)
+            self.state.fail(what, f"see the proxy's log in {self.parts.logs}, then `kiln reload`")
 
     def _reload(self) -> None:
         """Keys, rates and the certificate apply at once: nginx re-reads its configuration gracefully."""
