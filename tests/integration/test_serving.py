@@ -157,7 +157,10 @@ def test_n_is_bounded_and_every_error_is_openai_shaped(stack: Stack) -> None:
                                            timeout=10),
                "wrong method": stack.http.delete(f"{stack.base}/v1/completions", headers=stack.auth(), timeout=10),
                "wrong field type": stack.http.post(f"{stack.base}/v1/completions", headers=stack.auth(), timeout=10,
-                                                   json={"model": "tiny-cpu", "prompt": "x", "max_tokens": "many"})}
+                                                   json={"model": "tiny-cpu", "prompt": "x", "max_tokens": "many"}),
+               "a message without its role": stack.http.post(
+                   f"{stack.base}/v1/chat/completions", headers=stack.auth(), timeout=10,
+                   json={"model": "tiny-cpu", "messages": [{"content": "x"}]})}
     for what, reply in replies.items():
         assert reply.status_code >= 400, what
         assert reply.headers.get("Content-Type", "").startswith("application/json"), (what, reply.status_code,
@@ -165,6 +168,10 @@ def test_n_is_bounded_and_every_error_is_openai_shaped(stack: Stack) -> None:
         error = reply.json()["error"]
         assert error["message"] and error["type"] and "code" in error, (what, reply.text)
         assert reply.headers["Strict-Transport-Security"].startswith("max-age="), what
+    # The router refuses these (422, in plain text); an instance's vLLM names the field.
+    for what, named in (("wrong field type", "max_tokens"), ("a message without its role", "role")):
+        assert replies[what].status_code == 400 and named in replies[what].json()["error"]["message"], (
+            what, replies[what].text)
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics", "/", "/x"])

@@ -164,6 +164,22 @@ class Upstream(BaseHTTPRequestHandler):
         pass
 
 
+class Instance(Upstream):
+    """A vLLM instance's stand-in, asked only what the router refused as malformed: vLLM's 400 as kiln_guard hands
+    it on, or (X-Instance-Answer) any other of Upstream's answers."""
+
+    asked: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        Instance.asked.append(self.path)
+        self._answer(self.headers.get("X-Instance-Answer", "400json"))
+
+    def do_POST(self) -> None:
+        Instance.asked.append(self.path)
+        received = len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        self._answer(self.headers.get("X-Instance-Answer", "400json"), received)
+
+
 @dataclass
 class Running:
     front: Front
@@ -201,7 +217,11 @@ def running(traversable_tmp: Path) -> Iterator[Running]:
     upstream = ThreadingHTTPServer(("127.0.0.1", layout.router_port), Upstream)
     upstream.daemon_threads = True
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    front = Front(layout, ProxySettings(max_in_flight=64, max_body_bytes=2**20), nginx=nginx)
+    instance = ThreadingHTTPServer(("127.0.0.1", 0), Instance)
+    instance.daemon_threads = True
+    threading.Thread(target=instance.serve_forever, daemon=True).start()
+    front = Front(layout, ProxySettings(max_in_flight=64, max_body_bytes=2**20,
+                                        instance_ports=(instance.server_address[1],)), nginx=nginx)
     front.load_keys("kiln-default-key-0123456789", {"ci": NamedKey(key="kiln-ci-key-0123456789",
                                                                     requests_per_minute=6)})
     tls = front.choose_tls("self-signed", ["127.0.0.1", "localhost"])
@@ -223,8 +243,9 @@ def running(traversable_tmp: Path) -> Iterator[Running]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-        upstream.shutdown()
-        upstream.server_close()
+        for server in (upstream, instance):
+            server.shutdown()
+            server.server_close()
 
 
 @pytest.mark.filterwarnings("ignore:ssl.TLSVersion:DeprecationWarning")
@@ -388,7 +409,7 @@ def test_every_error_of_the_endpoint_is_openai_shaped_json(running: Running) -> 
     replies["bad header"] = requests.get(f"{running.base}/v1/models", headers={**key, "Host": "a b"},
                                          verify=running.cert, timeout=10)
     assert {what: r.status_code for what, r in replies.items()} == {
-        "router 400": 400, "router 405": 405, "router 422": 422, "router 503": 503, "router drop": 502,
+        "router 400": 400, "router 405": 405, "router 422": 400, "router 503": 503, "router drop": 502,
         "body too large": 413,
         "uri too long": 414, "bad header": 400}
     for what, reply in replies.items():
@@ -578,6 +599,24 @@ def test_a_request_vllm_answers_with_an_error_runs_once_and_its_words_reach_the_
                           json={"prompt": "abc"}, verify=running.cert, timeout=10)
     assert reply.status_code == 500 and reply.json()["error"]["message"] == "vLLM says why (17 bytes)"
     assert Upstream.posts == ["/v1/completions"]
+
+
+def test_a_request_the_router_refuses_as_malformed_gets_vllms_words_from_one_instance(running: Running) -> None:
+    """The router's 422 is plain text naming the field for no one; the request goes once to an instance, whose
+    vLLM says what is wrong. With no instance answering, nginx's own 422 page."""
+    key = {"Authorization": "Bearer kiln-default-key-0123456789", "X-Answer": "422"}
+    body = {"model": "tiny", "messages": [{"content": "x"}]}
+    Upstream.posts.clear()
+    Instance.asked.clear()
+    reply = requests.post(f"{running.base}/v1/chat/completions", headers=key, json=body, verify=running.cert,
+                          timeout=10)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"] == f"vLLM says why ({len(json.dumps(body))} bytes)"  # the body, whole
+    assert Upstream.posts == Instance.asked == ["/v1/chat/completions"]
+    gone = requests.post(f"{running.base}/v1/chat/completions", headers={**key, "X-Instance-Answer": "drop"},
+                         json=body, verify=running.cert, timeout=10)
+    assert gone.status_code == 422 and gone.json()["error"]["code"] == "invalid_request", gone.text
+    assert gone.headers["Strict-Transport-Security"].startswith("max-age=")
 
 
 def _raw(running: Running, request: bytes, tls: bool = True) -> tuple[int, str, bytes]:

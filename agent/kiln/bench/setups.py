@@ -53,15 +53,18 @@ def _wait(check: Callable[[], bool], what: str, log: Path, timeout_s: float,
 
 @contextlib.contextmanager
 def kiln_up(state: Path, profile: str, ports: Ports = Ports(), instances: int | None = None,
-            policy: str | None = None, timeout_s: float = 900, tls: bool = False) -> Iterator[Running]:
+            policy: str | None = None, timeout_s: float = 900, tls: bool = False,
+            config: Path | None = None) -> Iterator[Running]:
     """kiln's plan for this machine, served by `kiln up` behind its public endpoint (plain HTTP unless `tls`: the
-    comparisons with vanilla vLLM leave TLS out, and benchmarks.endpoint_overhead measures it)."""
+    comparisons with vanilla vLLM leave TLS out, and benchmarks.endpoint_overhead measures it). `config`: a settings
+    file it reads at start and at every `kiln reload`, which need not exist yet."""
     argv = [str(Path(sys.executable).parent / "kiln"), "up", "--profile", profile, "--state-dir", str(state),
             "--port", str(ports.public), "--health-port", str(ports.health), "--router-port", str(ports.router),
             "--router-metrics-port", str(ports.router_metrics), "--no-self-check",  # nothing else may load it
             "--tls", "self-signed" if tls else "off"]
     argv += ["--instances", str(instances)] if instances else []
     argv += ["--router-policy", policy] if policy else []
+    argv += ["--config", str(config)] if config else []
     log = state / "kiln-up.log"
     state.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:

@@ -395,7 +395,8 @@ class Agent:
                             fix="install it: apt-get install nginx-light (or nginx)")
         if not router:
             raise KilnError("vllm-router is not installed", fix="pip install vllm-router in kiln's environment")
-        settings = ProxySettings(max_in_flight=self._max_in_flight(decision), worker_user=options.proxy_user)
+        settings = ProxySettings(max_in_flight=self._max_in_flight(decision), worker_user=options.proxy_user,
+                                 instance_ports=tuple(r.port for r in decision.rendered))
         own_host = layout.local_host if layout.public_host in ("0.0.0.0", "::") else layout.public_host
         self.endpoint = Endpoint(Front(layout, settings, nginx=nginx),
                                  self.state, options.advertised_host, options.tls_names, self._write_motd_text,
@@ -552,7 +553,7 @@ class Agent:
         self.state.plan = decision.plan_report()
         self.state.choice = decision.choice_report()
         write_private(layout.plan_file, json.dumps(self.state.plan, indent=2) + "\n")
-        self.endpoint.set_max_in_flight(self._max_in_flight(decision))
+        self.endpoint.set_plan(self._max_in_flight(decision), tuple(r.port for r in decision.rendered))
         self._rolled("done", f"{decision.plan.profile} on {len(members)} instance(s) in "
                              f"{time.monotonic() - started:.0f} s", "")
 

@@ -87,11 +87,11 @@ class Endpoint:
         return [what for what, old, new in (("keys", before[0], self.front.keys),
                                            ("certificate", before[1], self.front.tls.info)) if old != new]
 
-    def set_max_in_flight(self, requests: int) -> None:
-        """A new plan's queue bound (its instances' batch slots)."""
+    def set_plan(self, requests: int, instance_ports: tuple[int, ...]) -> None:
+        """A new plan's queue bound (its instances' batch slots) and its instances' ports."""
         with self._lock:
             before = self.front.settings
-            self.front.settings = dataclasses.replace(before, max_in_flight=requests)
+            self.front.settings = dataclasses.replace(before, max_in_flight=requests, instance_ports=instance_ports)
             try:
                 self.front.write_config()
             except (KilnError, OSError) as exc:  # the bound before stays in force

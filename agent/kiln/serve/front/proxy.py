@@ -56,6 +56,10 @@ API_ERRORS = (405, 413, 415, 422, 502, 503, 504)
 # reaches nginx as such is the router's own, in plain text.
 FROM_VLLM = {520: 400, 521: 500}
 ROUTER_400 = ("the request body is not valid JSON for this API", "invalid_request_error", "invalid_json")
+# The router's 422 is plain text, and names the field for no one: the same request goes once to an instance,
+# whose vLLM answers what is wrong (a 400, as 520) or serves it. Its other answers keep nginx's 422 page.
+REPLAY_422_PAGES = ("error_page 520 = @vllm_520;", "error_page 521 = @vllm_521;",
+                    "error_page 422 500 502 503 504 =422 /.kiln-error/422;")
 NGINX_CANDIDATES = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 
 
@@ -66,6 +70,8 @@ class ProxySettings:
     workers: int = 2
     max_body_bytes: int = 64 * 2**20
     worker_user: str | None = None  # with a root master (the image): the workers' user, who reads no secret file
+    # This machine's vLLM instances: a request the router refuses as malformed is asked of one of them, once (422)
+    instance_ports: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,9 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
         }}""" for code in NGINX_ERRORS)
     pages = [*(f"error_page {code} = @vllm_{code};" for code in FROM_VLLM), "error_page 400 = @router_400;",
              "error_page 500 /.kiln-error/500;"]
+    replay = _replay_422(settings)
+    if replay:  # the replay's own error pages apply too: nginx follows one error_page per request unless told
+        pages += ["error_page 422 = @router_422;", "recursive_error_pages on;"]
     vllm_pages = "\n".join(f"            {page}" for page in pages)
     vllm_locations = "\n".join([*(f"""        location @vllm_{code} {{
             default_type application/json;
@@ -146,14 +155,14 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
         }}""" for code, status in FROM_VLLM.items()), f"""        location @router_400 {{
 {hsts}
             return 400 {_error(*ROUTER_400)};
-        }}"""])
+        }}""", *([replay] if replay else [])])
     own = ["error_page 401 @unauthorized;", "error_page 429 @overloaded;"]
     server_pages = "\n".join(f"        {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};"
                                                              for c in NGINX_ERRORS)])
     # A location's own error_page replaces every one it would inherit: the API's location lists those it needs,
     # less 400 and 500, which vLLM answers in JSON with what is wrong (nginx's 400 comes before any location).
     api_pages = "\n".join(f"            {p}" for p in [*own, *(f"error_page {c} /.kiln-error/{c};"
-                                                             for c in API_ERRORS)])
+                                                             for c in API_ERRORS if not (replay and c == 422))])
     user = f"user {settings.worker_user};\n" if settings.worker_user else ""
     api_port = layout.api_port(tls is not None)
     if tls:
@@ -189,12 +198,45 @@ def nginx_config(layout: ServeLayout, settings: ProxySettings, keys: KeyStore, t
 """
     return _template().substitute(
         user=user, workers=settings.workers, max_body_bytes=settings.max_body_bytes, key_names=key_names,
-        rate_zones=rate_zones, servers=servers, redirect_server=redirect_server, listen=listen,
+        rate_zones=rate_zones, servers=servers, instances=_instances_upstream(layout, settings),
+        redirect_server=redirect_server, listen=listen,
         challenge="" if tls else challenge, server_pages=server_pages, hsts=hsts, unauthorized=unauthorized,
         error_locations=error_locations, rate_limited=rate_limited, retry_after_s=settings.retry_after_s,
         overloaded=overloaded, health_url=f"{layout.health_url}{PUBLIC_HEALTH}", paths=paths,
         max_in_flight=settings.max_in_flight, rate_limits=rate_limits, key_header=KEY_HEADER, tries=RETRIES + 1,
         api_pages=api_pages, vllm_pages=vllm_pages, vllm_locations=vllm_locations, not_found=not_found)
+
+
+def _instances_upstream(layout: ServeLayout, settings: ProxySettings) -> str:
+    if not settings.instance_ports:
+        return ""
+    servers = "\n".join(f"        server {layout.local_host}:{port} max_fails=0;" for port in settings.instance_ports)
+    return ("\n    # This machine's vLLM instances, asked only what the router refused as malformed (@router_422).\n"
+            f"    upstream kiln_instances {{\n{servers}\n        keepalive 8;\n    }}")
+
+
+def _replay_422(settings: ProxySettings) -> str:
+    if not settings.instance_ports:
+        return ""
+    pages = "\n".join(f"            {page}" for page in REPLAY_422_PAGES)
+    return f"""        location @router_422 {{
+            proxy_pass http://kiln_instances;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Authorization "";
+            proxy_set_header {KEY_HEADER} $kiln_key;
+            proxy_set_header X-Request-Id $request_id;
+            proxy_next_upstream error timeout;
+            proxy_next_upstream_tries {len(settings.instance_ports)};
+            proxy_intercept_errors on;
+{pages}
+            proxy_hide_header X-Kiln-Error;
+            proxy_connect_timeout 5s;
+            proxy_buffering off;
+            proxy_cache off;
+            proxy_read_timeout 1800s;
+            proxy_send_timeout 1800s;
+        }}"""
 
 
 def find_nginx() -> str | None:
