@@ -201,35 +201,25 @@ class Supervisor:
     # -- a rolling change ---------------------------------------------------------------------------------------
     def roll(self, new: list[Member], drain: Callable[[Member], None], ready_timeout_s: float,
              before_start: Callable[[Member], None] | None = None) -> str | None:
-        """Replace the instances one at a time: out of routing, drained, stopped, its successor started and back
-        in routing before the next. A successor starts only once every old instance on any of its GPUs, or of its
-        name, is stopped (8 x TP1 to 4 x TP2 retires two for each); `before_start` then writes what its unit starts
-        from, so an old instance that restarts meanwhile keeps its own settings. None when done; else why it
-        stopped (the instances not yet replaced serve)."""
-        old = list(self.instances)
-        for i in range(max(len(old), len(new))):
-            for member in self._in_the_way(old, new[i] if i < len(new) else None):
-                self._retire(member, drain)
-                old.remove(member)
-            if i < len(new):
-                member = new[i]
-                if before_start is not None:
-                    before_start(member)
-                # Started by the loop's thread, never this one: a child's parent-death signal (PR_SET_PDEATHSIG)
-                # follows the thread that forked it, and this one ends with the change.
-                with self._tick_lock, self._lock:
-                    member.state, member.next_start = PENDING, self.clock()
-                    self.instances.insert(min(i, len(self.instances)), member)
-                deadline = time.monotonic() + ready_timeout_s
-                while not (member.state == READY and (member.routed or member.route_url is None)):
-                    if self._stop.is_set():
-                        return "stopping"
-                    if time.monotonic() > deadline:
-                        return f"{member.name} was not serving {ready_timeout_s:.0f} s after it started"
-                    time.sleep(self.settings.tick_s)
-        for member in old:
-            self._retire(member, drain)
+        """Replace the instances one at a time (see RollingChange), waiting on each successor to serve. None when
+        done; else why it stopped (the instances not yet replaced serve)."""
+        change = RollingChange(self, new, drain, before_start)
+        waited_on: Member | None = None
+        deadline = 0.0
+        while (waiting := change.advance()) is not None:
+            if waiting is not waited_on:
+                waited_on, deadline = waiting, time.monotonic() + ready_timeout_s
+            if self._stop.is_set():
+                return "stopping"
+            if time.monotonic() > deadline:
+                return f"{waiting.name} was not serving {ready_timeout_s:.0f} s after it started"
+            time.sleep(self.settings.tick_s)
         return None
+
+    def begin_roll(self, new: list[Member], drain: Callable[[Member], None],
+                   before_start: Callable[[Member], None] | None = None) -> RollingChange:
+        """A rolling change advanced by its caller, step by step (roll() is the one that waits)."""
+        return RollingChange(self, new, drain, before_start)
 
     @staticmethod
     def _in_the_way(old: list[Member], successor: Member | None) -> list[Member]:
@@ -409,3 +399,56 @@ class Supervisor:
         with self._lock:
             self.events.append(Event(self.clock(), member.name, what))
             del self.events[:-500]
+
+
+@dataclass
+class RollingChange:
+    """A rolling change as a state machine: the instances replaced one at a time, each out of routing, drained and
+    stopped, its successor started and back in routing before the next. A successor starts only once every old
+    instance on any of its GPUs, or of its name, is stopped (8 x TP1 to 4 x TP2 retires two for each), so a GPU is
+    retired before it is reused; `before_start` then writes what its unit starts from, so an old instance that
+    restarts meanwhile keeps its own settings. The supervisor's loop starts, probes and restarts every member as
+    always; advance() takes the steps that need no waiting."""
+
+    supervisor: Supervisor
+    new: list[Member]
+    drain: Callable[[Member], None]
+    before_start: Callable[[Member], None] | None = None
+    old: list[Member] = field(init=False)
+    steps: int = field(init=False)
+    step: int = 0
+    successor: Member | None = None  # started, and not yet serving
+
+    def __post_init__(self) -> None:
+        self.old = list(self.supervisor.instances)
+        self.steps = max(len(self.old), len(self.new))
+
+    def advance(self) -> Member | None:
+        """Every step that can be taken now; the successor the change waits on to serve, or None once done."""
+        sup = self.supervisor
+        while True:
+            if self.successor is not None:
+                member = self.successor
+                if not (member.state == READY and (member.routed or member.route_url is None)):
+                    return member
+                self.successor, self.step = None, self.step + 1
+            if self.step >= self.steps:
+                for member in list(self.old):
+                    sup._retire(member, self.drain)
+                    self.old.remove(member)
+                return None
+            successor = self.new[self.step] if self.step < len(self.new) else None
+            for member in sup._in_the_way(self.old, successor):
+                sup._retire(member, self.drain)
+                self.old.remove(member)
+            if successor is None:
+                self.step += 1
+                continue
+            if self.before_start is not None:
+                self.before_start(successor)
+            # Started by the loop's thread, never this one: a child's parent-death signal (PR_SET_PDEATHSIG)
+            # follows the thread that forked it, and this one ends with the change.
+            with sup._tick_lock, sup._lock:
+                successor.state, successor.next_start = PENDING, sup.clock()
+                sup.instances.insert(min(self.step, len(sup.instances)), successor)
+            self.successor = successor
