@@ -249,7 +249,7 @@ def offline_rows() -> list[Row]:
                               "--gpu-memory-utilization", "0.98", "--json"], capture_output=True, text=True,
                              check=False, timeout=300, env={**os.environ, "NO_COLOR": "1"})
     plan = json.loads(planned.stdout) if planned.returncode == 0 else {}
-    share = (plan.get("engine") or {}).get("gpu_memory_utilization")
+    share = plan.get("gpu_memory_utilization")
     warned = next((w for w in plan.get("warnings") or [] if "gpu_memory_utilization" in w), "no warning")
     return [
         row("2b. user-data `write_files: 5`",
