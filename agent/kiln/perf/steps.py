@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from kiln.profiles.schema import Profile
 from kiln.setup import capacity as cap
@@ -156,27 +156,55 @@ class RooflineSteps:
     # vLLM's async scheduling: the engine schedules the next step and hands it to the TP ranks while the GPUs run
     # this one, so the ranks' hand-over costs a step only where it outlasts the step's GPU time.
     async_scheduling: bool = False
+    # What a step costs that depends on its token count alone (weights read, communication), and what depends on
+    # nothing of the step: a simulation asks for tens of thousands of steps with a few hundred distinct counts.
+    _memo: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
         return self.label
 
     def _roof(self) -> Roofline:
-        h, e = self.hardware, self.efficiency
-        return Roofline(h.bandwidth_bytes_s * e.memory, h.flops * e.compute if h.flops else None,
-                            h.allreduce_latency_s, h.link_bytes_s)
+        if "roof" not in self._memo:
+            h, e = self.hardware, self.efficiency
+            self._memo["roof"] = Roofline(h.bandwidth_bytes_s * e.memory, h.flops * e.compute if h.flops else None,
+                                          h.allreduce_latency_s, h.link_bytes_s)
+        roof: Roofline = self._memo["roof"]
+        return roof
+
+    def _by_tokens(self, tokens: int, roof: Roofline) -> tuple[float, float]:
+        """A step of `tokens`: the weight bytes it reads, and its all-reduces' and all-to-alls' seconds."""
+        if (memo := self._memo.get(tokens)) is not None:
+            return memo  # type: ignore[no-any-return]
+        arch = self.profile.architecture
+        weights = self._weights_read(max(tokens, 1)) - self._input_embedding_bytes()
+        comm_s = 2 * arch.num_layers * allreduce_seconds(tokens, arch.hidden_size, self.tp, roof,
+                                                         self.hardware.allreduce_us)
+        if self.expert_parallel and arch.moe is not None:
+            comm_s += self._all_to_all_seconds(tokens, roof)
+        self._memo[tokens] = (weights, comm_s)
+        return weights, comm_s
+
+    def _draft_seconds(self, roof: Roofline) -> float:
+        if "draft" not in self._memo:
+            self._memo["draft"] = draft_seconds(self.profile, self.precision, self.tp, self.draft_tokens, roof) + (
+                self.draft_tokens * self.efficiency.overhead_per_layer_s)
+        drafted: float = self._memo["draft"]
+        return drafted
 
     def seconds(self, step: Step) -> float:
         arch, roof = self.profile.architecture, self._roof()
         tokens = step.tokens
-        weights = self._weights_read(max(tokens, 1)) - self._input_embedding_bytes()
+        weights, comm_s = self._by_tokens(tokens, roof)
         # Decoding reads each sequence's cache once per step; a prefill chunk reads its own earlier cache.
         prefill_reads = step.prefill_context / max(step.prefill_tokens, 1) if step.prefill_tokens else 0.0
         kv = self._kv_read(step.decode_seqs, step.decode_context) + prefill_reads * self.kv_bytes_per_token_gpu
         memory_s = (weights + kv) / roof.bandwidth_bytes_s
         compute_s = 0.0
         if roof.flops:
-            expert = self._active_expert_params()
+            expert = self._memo.get("expert")
+            if expert is None:
+                expert = self._memo["expert"] = self._active_expert_params()
             table = arch.vocab_size * arch.hidden_size
             per_token = max(arch.params_active - expert - table * (1 if arch.tie_word_embeddings else 2), 0)
             dense = (tokens * per_token + step.sampled * table) * 2 / self.tp
@@ -184,17 +212,10 @@ class RooflineSteps:
             peak = self.hardware.expert_flops or roof.flops / self.efficiency.compute
             moe_flops = peak * self.efficiency.compute_moe
             compute_s = dense / roof.flops + self._attention_seconds(step, roof) + experts / moe_flops
-        comm_s = 2 * arch.num_layers * allreduce_seconds(tokens, arch.hidden_size, self.tp, roof,
-                                                         self.hardware.allreduce_us)
-        if self.expert_parallel and arch.moe is not None:
-            comm_s += self._all_to_all_seconds(tokens, roof)
         e = self.efficiency
         fixed_s = e.step_overhead_s + e.overhead_per_seq_s * (step.decode_seqs + (1 if step.prefill_tokens else 0))
         ranks_s = e.overhead_per_rank_s * (self.tp - 1)
-        draft_s = 0.0
-        if self.draft_tokens and step.tokens_per_seq > 1:
-            draft_s = draft_seconds(self.profile, self.precision, self.tp, self.draft_tokens, roof) + (
-                self.draft_tokens * self.efficiency.overhead_per_layer_s)
+        draft_s = self._draft_seconds(roof) if self.draft_tokens and step.tokens_per_seq > 1 else 0.0
         device_s = max(memory_s, compute_s) + comm_s + e.overhead_per_layer_s * arch.num_layers + draft_s
         return (max(device_s, ranks_s) if self.async_scheduling else device_s + ranks_s) + fixed_s
 
