@@ -84,3 +84,36 @@ def test_kiln_bench_prints_the_prediction_beside_each_measured_level(endpoint: E
     # More concurrency, more output: measured and predicted agree on the direction.
     assert results[0]["predicted"]["output_tokens_per_s"] < results[-1]["predicted"]["output_tokens_per_s"]
     assert results[0]["output_tokens_per_s"] < results[-1]["output_tokens_per_s"]
+
+
+def test_kiln_bench_capacity_finds_the_most_streams_within_the_budget_beside_the_prediction(
+        endpoint: Endpoint, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Doubling then bisecting on real vLLM: the capacity's own probe holds the budget, the next count on the grid
+    breaks it (or is past the ceiling), and the engine's capacity for the served plan stands beside it."""
+    out = tmp_path / "capacity"
+    instances = len(json.loads(subprocess.run(
+        [KILN, "status", "--state-dir", str(endpoint.state_dir), "--json"], capture_output=True, text=True,
+        timeout=60, check=True).stdout)["instances"])
+    done = subprocess.run(endpoint.bench("--capacity", "--input-len", "128", "--output-len", "64",
+                                         "--slo-ttft-ms", "500", "--slo-tpot-ms", "50", "--predict", "tiny-cpu",
+                                         "--predict-instances", str(instances), "--out", str(out)),
+                          capture_output=True, text=True, timeout=1500, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    result = json.loads((out / "capacity.json").read_text())
+    measured, side = result["measured"], result["side_by_side"]
+    probes = {p["concurrency"]: p for p in measured["probes"]}
+    with capsys.disabled():
+        print(f"\n  measured: kiln bench --capacity, tiny-cpu on {instances} instance(s), 128 in / 64 out, TTFT p90 "
+              f"<= 500 ms, TPOT p90 <= 50 ms: {measured['streams']} streams measured, {side['streams'][1]} "
+              f"predicted ({side['streams'][2]}x); probes: "
+              + ", ".join(f"{c}: TTFT p90 {p['ttft_ms']['p90']:,.0f} ms, TPOT p90 {p['tpot_ms']['p90']:,.1f} ms"
+                          for c, p in sorted(probes.items())))
+    assert "At capacity" in done.stdout and "measured" in done.stdout
+    assert all(p["failed"] == 0 for p in probes.values())
+    streams = measured["streams"]
+    assert streams >= 1 and probes[streams]["meets_budget"]
+    above = [c for c in probes if c > streams]
+    assert all(not probes[c]["meets_budget"] for c in above)
+    assert above or streams == max(probes), "the search stopped below a count that held"
+    assert 1 / PREDICTION_FACTOR <= side["streams"][2] <= PREDICTION_FACTOR, side
+    assert result["predicted"]["capacity"]["streams"] == side["streams"][1]

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
+from kiln.bench.capacity import against_prediction, measure_capacity, probe_args
 from kiln.bench.report import write_sweep
 from kiln.bench.sweep import Slo, SweepSpec, ratios, summarize
 from kiln.cli.bench import price
 from kiln.errors import ConfigError
+from kiln.perf.capacity import stream_grid
 from kiln.perf.predict import Forecast
-from kiln.perf.workload import WorkloadSpec, resolve
+from kiln.perf.workload import Workload, WorkloadSpec, resolve
 from kiln.serve.reports.selfcheck import SelfCheckSettings, judge, predicted
 
 RAW: dict[str, Any] = {
@@ -109,3 +111,55 @@ def test_the_self_check_takes_the_workloads_shape_capped() -> None:
     assert (chat.input_len, chat.output_len) == (230, 128)
     assert base.shaped(None) == base
     assert chat.workload().concurrency == base.concurrency and chat.workload().num_prompts == base.prompts
+
+
+def _endpoint(knee: int, calls: list[int]) -> Any:
+    """A stand-in for vLLM's client against an endpoint whose TTFT p90 crosses 500 ms past `knee` streams: its
+    result JSON, from the flags kiln passes."""
+    def run(argv: list[str]) -> dict[str, Any]:
+        streams = int(argv[argv.index("--max-concurrency") + 1])
+        calls.append(streams)
+        ttft = 400.0 * streams / knee
+        return {**RAW, "p90_ttft_ms": ttft, "p90_tpot_ms": 30.0, "output_throughput": 100.0 * streams,
+                "request_throughput": streams / 2, "request_goodput": streams / 2 * (0.95 if ttft <= 500 else 0.5),
+                "completed": int(argv[argv.index("--num-prompts") + 1])}
+    return run
+
+
+def test_a_capacity_search_doubles_then_bisects_to_the_most_streams_within_the_budget() -> None:
+    budget = Workload(256, 128, ttft_ms=500.0, tpot_ms=50.0)
+    calls: list[int] = []
+    found = measure_capacity(budget, _endpoint(40, calls), ceiling=256)
+    # 400 ms x streams / 40 <= 500 ms up to 50 streams; the grid (2^(1/8) steps) holds 49 and 53
+    assert found.streams == max(n for n in stream_grid(256) if 400 * n / 40 <= 500)
+    assert calls[:7] == [1, 2, 4, 8, 16, 32, 64] and len(calls) <= 12 and len(set(calls)) == len(calls)
+    assert found.as_dict()["share_within_budget"] == 0.95 and found.as_dict()["output_tokens_per_s"] == 4900.0
+    again: list[int] = []
+    assert measure_capacity(budget, _endpoint(40, again), ceiling=256, start=45).streams == found.streams
+    assert len(again) < len(calls)  # started at the prediction
+    assert measure_capacity(budget, _endpoint(0.5, []), ceiling=256).streams == 0  # not even one stream
+
+
+def test_a_measured_capacity_beside_the_prediction_says_whether_the_band_holds_it() -> None:
+    budget = Workload(256, 128, ttft_ms=500.0, tpot_ms=50.0)
+    measured = measure_capacity(budget, _endpoint(40, []), ceiling=256)
+    predicted = {"streams": 45, "output_tokens_per_s": 4500.0, "ttft_ms_p90": 450.0, "tpot_ms_p90": 30.0,
+                 "band": {"output_tokens_per_s": [3600.0, 5400.0], "source": "test"}}
+    side = against_prediction(measured, predicted, 22.5)
+    assert side["streams"] == [49, 45, 1.089] and side["band"]["measured_inside"] is True
+    narrow = {**predicted, "band": {"output_tokens_per_s": [4000.0, 4800.0], "source": "test"}}
+    assert against_prediction(measured, narrow, 22.5)["band"]["measured_inside"] is False
+    assert against_prediction(measured, {**predicted, "band": None}, None)["band"]["measured_inside"] is None
+
+
+def test_a_capacity_probe_is_a_command_line_vllms_client_takes() -> None:
+    """vLLM's own parser reads the probe's flags, the steady spread of outputs included."""
+    from vllm.benchmarks.serve import add_cli_args  # noqa: PLC0415 - importing vLLM takes seconds
+
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    flags = probe_args(Workload(256, 128, concurrency=8, ttft_ms=500.0, tpot_ms=50.0))
+    args = parser.parse_args(["--model", "m", *flags])
+    assert args.max_concurrency == 8 and args.num_prompts == 32 and args.num_warmups == 8
+    assert json.loads(args.random_range_ratio) == {"input": 0.0, "output": 0.5}
+    assert args.goodput == ["ttft:500", "tpot:50"]

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.perf.workload import DEFAULT_TPOT_MS, DEFAULT_TTFT_MS
 from kiln.pricing import usd_per_million_tokens
 
 PERCENTILES = (50, 90, 99)
@@ -14,8 +15,10 @@ METRICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_m
 
 @dataclass(frozen=True)
 class Slo:
-    ttft_ms: float = 1000.0
-    tpot_ms: float = 50.0
+    """The budget goodput counts within: by default the `serve` preset's, the budget a default plan is made for."""
+
+    ttft_ms: float = DEFAULT_TTFT_MS
+    tpot_ms: float = DEFAULT_TPOT_MS
 
     def flags(self) -> list[str]:
         return ["--goodput", f"ttft:{self.ttft_ms:g}", f"tpot:{self.tpot_ms:g}"]

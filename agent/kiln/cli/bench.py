@@ -12,19 +12,25 @@ from urllib.parse import urlsplit
 
 from kiln import datafiles
 from kiln.bench import report, setups
+from kiln.bench.capacity import MeasuredCapacity, against_prediction, measure_capacity
 from kiln.bench.client import Target, VllmBench, discover
-from kiln.bench.predicted import Level, predict_levels
+from kiln.bench.predicted import Level, predict_capacity, predict_levels
 from kiln.bench.sweep import Slo, SweepSpec, ratios, run_sweep
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice
 from kiln.cli.locate import locate
 from kiln.cli.output import print_json, table
 from kiln.errors import ConfigError, KilnError
+from kiln.perf.capacity import streams_ceiling
+from kiln.perf.workload import Workload
+from kiln.planner.by_capacity import slots
 from kiln.render.vllm import MODULE_VLLM, Runtime, find_vllm_python
 from kiln.serve.decide import decide
 from kiln.serve.layout import ServeLayout
 from kiln.setup.types import Refusal
 from kiln.wiring import Kiln
+
+DEFAULT_CEILING = 256  # the most streams a capacity search tries without a plan to say how many slots there are
 
 
 def _concurrencies(text: str) -> tuple[int, ...]:
@@ -69,6 +75,13 @@ def add_arguments(_name: str, bench: argparse.ArgumentParser) -> None:
                        help="print kiln's prediction beside each level: the plan for PROFILE on --machine's "
                             "fixture (the CPU profile: this machine)")
     bench.add_argument("--predict-instances", type=int, help="the instances the predicted plan serves with")
+    bench.add_argument("--capacity", action="store_true",
+                       help="instead of the levels: the most streams the endpoint carries within the budget "
+                            "(--slo-ttft-ms, --slo-tpot-ms, at p90), doubling then bisecting; with --predict, "
+                            "beside the engine's capacity and its band")
+    bench.add_argument("--capacity-ceiling", type=int,
+                       help="the most streams a capacity search tries (default: the predicted plan's batch slots "
+                            "and a quarter, else 256)")
     _add_sweep(bench)
     modes = bench.add_subparsers(dest="mode")
     compare = modes.add_parser("compare", help="kiln's plan against vanilla vLLM on this machine, side by side")
@@ -162,6 +175,8 @@ def cmd_bench(kiln: Kiln, args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     client = VllmBench(args.vllm_python or find_vllm_python(), args.out / "vllm-bench.log")
     client.check_tokenizer(target.tokenizer)
+    if args.capacity:
+        return _capacity(kiln, args, target, client)
     levels = _sweep(target, spec, client, usd, "kiln bench")
     if args.predict:
         _add_predictions(kiln, args, spec, levels)
@@ -177,6 +192,76 @@ def cmd_bench(kiln: Kiln, args: argparse.Namespace) -> int:
             print("\n" + predicted_text(levels))
         print("\nwrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def _capacity(kiln: Kiln, args: argparse.Namespace, target: Target, client: VllmBench) -> int:
+    """The endpoint's capacity within the budget, measured, beside the engine's when --predict names the plan."""
+    if args.dataset != "random":
+        raise ConfigError("--capacity sends random prompts of --input-len and --output-len",
+                          fix="drop --dataset, or run the levels without --capacity")
+    workload = Workload(args.input_len, args.output_len, ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)
+    predicted, ceiling, start = None, args.capacity_ceiling or DEFAULT_CEILING, 1
+    if args.predict:
+        profile = kiln.profile(args.predict, None)
+        machine = kiln.machine(None if profile.cpu_only else args.machine)
+        found = predict_capacity(machine, profile, args.predict_instances, workload, kiln.constants)
+        if isinstance(found, Refusal):
+            raise KilnError(f"no prediction: {found.reason}", fix="; ".join(found.suggestions) or "drop --predict")
+        predicted = found
+        ceiling = args.capacity_ceiling or streams_ceiling(slots(found.plan))
+        start = max(found.capacity.streams, 1)  # the search starts at the prediction: fewer probes
+    print(f"kiln bench --capacity: {workload.budget()}, {workload.shape()}; probes up to {ceiling} streams",
+          file=sys.stderr, flush=True)
+
+    def said(level: dict[str, Any]) -> None:
+        print(f"  {level['concurrency']} streams: TTFT p90 {level['ttft_ms']['p90']:,.0f} ms, TPOT p90 "
+              f"{level['tpot_ms']['p90']:,.1f} ms, {level['output_tokens_per_s']:,.1f} tok/s: "
+              f"{'within' if level['meets_budget'] else 'over'} the budget", file=sys.stderr, flush=True)
+
+    measured = measure_capacity(workload, lambda argv: client.run(target, argv), ceiling, start, said)
+    result: dict[str, Any] = {"endpoint": target.base_url, "model": target.model, "measured": measured.as_dict(),
+                              "predicted": None, "side_by_side": None}
+    if predicted is not None:
+        at = predicted.capacity.at_streams
+        result["predicted"] = {"profile": args.predict, "instances": len(predicted.plan.instances),
+                               "capacity": predicted.report}
+        result["side_by_side"] = against_prediction(measured, predicted.report,
+                                                    round(at.requests_per_s, 3) if at else None)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "capacity.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.json:
+        print_json(result)
+        return 0
+    print(capacity_text(measured, result["side_by_side"]))
+    print(f"\nwrote {args.out / 'capacity.json'}")
+    return 0
+
+
+def capacity_text(measured: MeasuredCapacity, side: dict[str, Any] | None) -> str:
+    at = measured.as_dict()
+    if not measured.streams:
+        head = f"Measured: not even one stream meets {measured.workload.budget()}"
+    else:
+        head = (f"Measured: {measured.streams} streams within {measured.workload.budget()}: "
+                f"{at['requests_per_s']:,.2f} requests/s, {at['output_tokens_per_s']:,.1f} output tok/s "
+                f"({(at['share_within_budget'] or 0) * 100:.0f}% of the requests within both at once)")
+    if side is None:
+        return head
+
+    def fmt(v: float | None, digits: int = 1) -> str:
+        return "-" if v is None else f"{v:,.{digits}f}"
+
+    rows = [[name, fmt(m, 2), fmt(p, 2), f"{fmt(r, 2)}x" if r else "-"]
+            for name, (m, p, r) in (("streams", side["streams"]), ("requests/s (those streams)",
+                                                                   side["requests_per_s"]),
+                                    ("output tok/s", side["output_tokens_per_s"]),
+                                    ("TTFT p90 ms", side["ttft_ms_p90"]), ("TPOT p90 ms", side["tpot_ms_p90"]))]
+    band = side["band"]
+    inside = {True: "inside", False: "outside", None: "no band"}[band["measured_inside"]]
+    low, high = band["output_tokens_per_s"] or (None, None)
+    return "\n".join([head, "", table(["At capacity", "measured", "predicted", "ratio"], rows), "",
+                      f"predicted band of output tok/s: {fmt(low)} to {fmt(high)} ({band['source'] or '-'}); "
+                      f"the measured output is {inside} it"])
 
 
 def _add_predictions(kiln: Kiln, args: argparse.Namespace, spec: SweepSpec, levels: list[dict[str, Any]]) -> None:

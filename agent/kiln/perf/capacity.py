@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from kiln.perf.predict import Forecast
 from kiln.perf.workload import Workload
@@ -30,6 +30,15 @@ GRID_STEPS_PER_DOUBLING = 8  # the streams a search answers are about 9% apart, 
 RATE_STEPS = 5  # bisections of the rate: within 3% of its bracket
 
 Probe = Callable[[Workload], Forecast]
+
+
+class Verdict(Protocol):
+    """What a probe at a load answers: a forecast, or a measurement (`kiln bench --capacity`)."""
+
+    def meets(self, workload: Workload) -> bool: ...
+
+
+V = TypeVar("V", bound=Verdict)
 
 
 @dataclass(frozen=True)
@@ -93,15 +102,17 @@ def stream_grid(ceiling: int, anchors: tuple[int, ...] = ()) -> list[int]:
     return [n for n in grid if n <= ceiling]
 
 
-def find_streams(probe: Probe, workload: Workload, ceiling: int, start: int = 1,
-                 anchors: tuple[int, ...] = ()) -> tuple[int, Forecast | None]:
-    """The most streams on the grid whose forecast meets the budget: galloping from `start` (up while it holds,
-    down while it breaks), then bisecting between the last that held and the first that broke."""
+def find_streams(probe: Callable[[Workload], V], workload: Workload, ceiling: int, start: int = 1,
+                 anchors: tuple[int, ...] = ()) -> tuple[int, V | None]:
+    """The most streams on the grid whose probe (a forecast, or a measurement) meets the budget: galloping from
+    `start` (up while it holds, down while it breaks), then bisecting between the last that held and the first
+    that broke."""
     grid = stream_grid(ceiling, anchors)
-    seen: dict[int, Forecast] = {}
+    seen: dict[int, V] = {}
 
     def meets(i: int) -> bool:
-        seen[i] = seen.get(i) or probe(streams_load(workload, grid[i]))
+        if i not in seen:
+            seen[i] = probe(streams_load(workload, grid[i]))
         return seen[i].meets(workload)
 
     def up(j: int) -> int:  # the first count at least twice grid[j]
