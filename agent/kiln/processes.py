@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 LOG_READ_MAX = 4 * 2**20  # a start-up's lines are a few hundred; vLLM's later request logs are not read
@@ -142,6 +143,18 @@ class LocalProcesses:
             if isinstance(log, int) and log >= 0:
                 os.close(log)
         return Running(spec, popen, offset)
+
+
+def interrupt(popen: subprocess.Popen[Any], grace_s: float = 90.0) -> int:
+    """Ctrl-C for a command run in the foreground (`kiln up` stops all it started on SIGINT), SIGKILL after the
+    grace: its exit code."""
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGINT)
+        try:
+            return popen.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+    return popen.wait()
 
 
 def run_to_end(argv: Sequence[str], timeout_s: float = 30.0) -> tuple[int, str]:

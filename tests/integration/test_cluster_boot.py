@@ -24,6 +24,8 @@ import pytest
 from tests.do_api import TOKEN
 from tests.netns import ADDRESSES, NAMESPACES, can_make_namespaces, in_namespace, ip, namespaces_left, two_namespaces
 
+from kiln.processes import interrupt
+
 pytestmark = pytest.mark.skipif(not can_make_namespaces(), reason="network namespaces need root and iproute2")
 
 KILN = str(Path(sys.executable).parent / "kiln")
@@ -93,12 +95,8 @@ class Node:
                          (f"Authorization: Bearer {key}",), timeout_s=60)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.proc:
+            interrupt(self.proc)
 
     def tail(self) -> str:
         log = self.state / "agent.log"

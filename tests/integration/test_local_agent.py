@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import requests
+
+from kiln.processes import interrupt
 
 KILN = str(Path(sys.executable).parent / "kiln")
 HEALTH = "http://127.0.0.1:8090"  # the defaults: what a user who gives no port gets
@@ -46,11 +47,7 @@ def _up(env: dict[str, str], log: Path, *args: str) -> Iterator[None]:
             time.sleep(1)
         yield
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        interrupt(proc)
 
 
 def _transcript(env: dict[str, str], out: Path) -> tuple[str, dict[str, subprocess.CompletedProcess[str]]]:

@@ -29,6 +29,7 @@ from openai import BadRequestError, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from kiln.cli.keys import RELOAD_WAIT_S
+from kiln.processes import interrupt
 
 PUBLIC, HEALTH, ROUTER, ROUTER_METRICS = 18000, 18090, 18001, 18002
 PRICE_PER_HOUR = 1.57
@@ -112,12 +113,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         s.http.trust_env = False  # REQUESTS_CA_BUNDLE, where set, would override the pinned certificate
         yield s
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        interrupt(proc, 60)
 
 
 def test_completion_and_streamed_chat_through_the_public_endpoint(stack: Stack) -> None:

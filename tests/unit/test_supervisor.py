@@ -9,6 +9,7 @@ import dataclasses
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kiln.processes import LocalProcesses, ProcessSpec, Running
+from kiln.processes import LocalProcesses, ProcessSpec, Running, interrupt
 from kiln.serve.processes.probes import http_probe
 from kiln.serve.processes.supervisor import (
     READY,
@@ -417,3 +418,18 @@ def test_serving_is_what_the_router_itself_routes_to(tmp_path: Path) -> None:
         assert any(e.member == "b" and "no longer lists it" in e.what for e in sup.recent_events())
     finally:
         sup.stop()
+
+
+def test_interrupt_is_ctrl_c_then_a_kill_after_the_grace() -> None:
+    handled = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                                "signal.signal(signal.SIGINT, lambda *_: sys.exit(3))\nprint(flush=True)\n"
+                                "time.sleep(30)"], stdout=subprocess.PIPE)
+    ignored = subprocess.Popen([sys.executable, "-c", "import signal, time\n"
+                                "signal.signal(signal.SIGINT, signal.SIG_IGN)\nprint(flush=True)\ntime.sleep(30)"],
+                               stdout=subprocess.PIPE)
+    for proc in (handled, ignored):
+        assert proc.stdout is not None and proc.stdout.readline()  # its handler is in place
+    assert interrupt(handled, 10) == 3
+    started = time.monotonic()
+    assert interrupt(ignored, 0.5) == -signal.SIGKILL and time.monotonic() - started < 5
+    assert interrupt(handled) == 3  # already ended: its exit code

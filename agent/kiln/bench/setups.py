@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import requests
 
 from kiln.errors import KilnError
-from kiln.processes import LocalProcesses, ProcessSpec
+from kiln.processes import LocalProcesses, ProcessSpec, interrupt
 from kiln.render.vllm import OFFLINE_ENV
 
 
@@ -79,11 +78,7 @@ def kiln_up(state: Path, profile: str, ports: Ports = Ports(), instances: int | 
                       f"http://127.0.0.1:{status['instances'][0]['port']}", keys[0]["key"], health,
                       str(state / "tls" / "self-signed.crt") if tls else None)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        interrupt(proc)
 
 
 def vanilla_argv(model: str, served_name: str, port: int, gpu_count: int, needs: Sequence[str],
