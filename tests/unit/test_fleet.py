@@ -169,3 +169,29 @@ def test_request_bodies_split_at_ten_names_and_terminate_tls_with_a_certificate(
     assert firewall_request(spec, "lb-1")["name"] == "kiln-fleet-big"
     with pytest.raises(Exception, match="not usable"):
         FleetSpec("Bad_Name")
+
+
+def test_up_and_scale_by_demand_use_the_droplets_own_capacity(tmp_path: Path) -> None:
+    """`--demand R` creates as many droplets as `kiln fleet plan` says carry R: one droplet's capacity within the
+    budget, from the plan each droplet's agent makes from the same user-data."""
+    planned = run_kiln("fleet", "plan", "--demand", "40", "--profile", "llama-3.3-70b-instruct", "--machines",
+                       "h100x8", "--json")
+    assert planned.returncode == 0, planned.stderr
+    [option] = json.loads(planned.stdout)["options"]
+    args = up_args(tmp_path)
+    args[args.index("--count"):args.index("--count") + 2] = ["--demand", "40"]
+    with serve_api() as (url, state):
+        done = fleet(url, *args, "--yes", "--json")
+        assert done.returncode == 0, done.stderr
+        sized = json.loads(done.stdout)["sized_by_demand"]
+        assert sized["droplets"] == option["droplets"] == len(state.droplets) >= 2
+        assert sized["capacity_requests_per_s"] == option["capacity_requests_per_s"]
+        assert f"carry 40 requests/s: each carries {option['capacity_requests_per_s']:,.2f}" in done.stderr
+        fewer = fleet(url, "scale", "demo", "--demand", str(option["capacity_requests_per_s"] / 2), "--user-data",
+                      str(tmp_path / "user-data.yaml"), "--yes", "--json")
+        assert fewer.returncode == 0, fewer.stderr
+        assert len(state.droplets) == 1 and json.loads(fewer.stdout)["sized_by_demand"]["droplets"] == 1
+        neither = fleet(url, "scale", "demo", "--yes")
+        assert neither.returncode != 0 and "a count, or --demand" in neither.stderr
+        blind = fleet(url, "scale", "demo", "--demand", "40", "--yes")
+        assert blind.returncode != 0 and "--user-data" in blind.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import warnings
 from pathlib import Path
@@ -13,6 +12,7 @@ import requests
 
 from kiln import datafiles
 from kiln.choice.schema import Choice
+from kiln.cli.fleet_sizing import add_demand_arguments, check_demand, droplets_for, said
 from kiln.cli.output import print_json, table
 from kiln.errors import KilnError
 from kiln.fleet import ops
@@ -33,7 +33,9 @@ def add_arguments(_name: str, fleet: argparse.ArgumentParser) -> None:
     up = fsub.add_parser("up", help="create the fleet, or what it lacks; asks first, naming the price per hour")
     up.add_argument("--name", required=True, help="the fleet's name: its droplets are tagged kiln-fleet:NAME")
     up.add_argument("--size", required=True, help="a droplet size, e.g. gpu-h100x8-640gb")
-    up.add_argument("--count", type=int, required=True, help="how many droplets")
+    sized_by = up.add_mutually_exclusive_group(required=True)
+    sized_by.add_argument("--count", type=int, help="how many droplets")
+    add_demand_arguments(up, sized_by)  # or as many as carry it, by the droplets' own plan
     up.add_argument("--region", required=True, help="e.g. nyc2, tor1, atl1")
     up.add_argument("--image", required=True,
                     help="the kiln image's snapshot id (`kiln image build --target digitalocean`)")
@@ -45,7 +47,8 @@ def add_arguments(_name: str, fleet: argparse.ArgumentParser) -> None:
                     "(default: TLS passes through to the droplets)")
     scale = fsub.add_parser("scale", help="grow or shrink the fleet to COUNT droplets")
     scale.add_argument("name")
-    scale.add_argument("count", type=int)
+    scale.add_argument("count", type=int, nargs="?", help="how many droplets (or --demand, --users)")
+    add_demand_arguments(scale, scale.add_mutually_exclusive_group())
     scale.add_argument("--user-data", type=Path, help="user-data for new droplets (needed to grow)")
     scale.add_argument("--image", help="a snapshot id or image slug for new droplets (default: the fleet's first "
                        "droplet's image)")
@@ -55,11 +58,7 @@ def add_arguments(_name: str, fleet: argparse.ArgumentParser) -> None:
     status.add_argument("name")
     plan = fsub.add_parser("plan", help="how many droplets of each size carry a demand within the latency budget, "
                                         "and their cost (no token needed)")
-    load = plan.add_mutually_exclusive_group(required=True)
-    load.add_argument("--demand", type=float, help="requests per second to carry")
-    load.add_argument("--users", type=int, help="users, each sending a request, reading it, and sending the next")
-    plan.add_argument("--think-s", type=float, default=0.0, help="with --users: seconds a user waits between a "
-                                                                 "reply and the next request (default 0)")
+    add_demand_arguments(plan, plan.add_mutually_exclusive_group(required=True))
     plan.add_argument("--profile", help="a catalog profile")
     plan.add_argument("--model", help="a Hugging Face model (ORG/NAME) or a local folder")
     plan.add_argument("--machines", default=",".join(SIZED_MACHINES),
@@ -98,15 +97,33 @@ def cmd_fleet(_kiln: None, args: argparse.Namespace) -> int:
     if args.action == "plan":
         return cmd_fleet_plan(Kiln.create(), args)
     api = DigitalOcean.from_environment()
+    sized: dict[str, Any] | None = None
     if args.action == "up":
-        spec = FleetSpec(args.name, size=args.size, count=args.count, region=args.region, image=args.image,
-                         user_data=args.user_data.read_text(encoding="utf-8"), ssh_keys=tuple(args.ssh_key),
+        user_data = args.user_data.read_text(encoding="utf-8")
+        count = args.count
+        if count is None:
+            sizing, demand = droplets_for(Kiln.create(), args.size, user_data, args)
+            count, sized = sizing.droplets, {**sizing.as_dict(), "demand_requests_per_s": round(demand, 3)}
+            print(said(sizing, demand), file=sys.stderr)
+        spec = FleetSpec(args.name, size=args.size, count=count, region=args.region, image=args.image,
+                         user_data=user_data, ssh_keys=tuple(args.ssh_key),
                          ssh_from=tuple(args.ssh_from) or ANYWHERE, certificate_id=args.certificate_id)
         result = ops.up(api, spec, _confirm(args, spec.name))
     elif args.action == "scale":
         user_data = args.user_data.read_text(encoding="utf-8") if args.user_data else ""
         spec = FleetSpec(args.name, user_data=user_data, image=args.image or "")
-        result = ops.scale(api, spec, args.count, _confirm(args, args.name))
+        count = args.count
+        if (count is None) == (args.demand is None and args.users is None):
+            raise KilnError("give the fleet's new size: a count, or --demand R or --users N",
+                            fix=f"e.g. `kiln fleet scale {args.name} 4`, or `--demand 20 --user-data FILE`")
+        if count is None:
+            if not user_data:
+                raise KilnError("sizing by demand plans what the droplets serve, which the user-data says",
+                                fix="pass the fleet's --user-data FILE")
+            sizing, demand = droplets_for(Kiln.create(), ops.fleet_size(api, spec), user_data, args)
+            count, sized = sizing.droplets, {**sizing.as_dict(), "demand_requests_per_s": round(demand, 3)}
+            print(said(sizing, demand), file=sys.stderr)
+        result = ops.scale(api, spec, count, _confirm(args, args.name))
     elif args.action == "down":
         result = ops.down(api, FleetSpec(args.name), _confirm(args, args.name))
     else:
@@ -114,7 +131,7 @@ def cmd_fleet(_kiln: None, args: argparse.Namespace) -> int:
         print_json(result) if args.json else print(status_text(result))
         return 0
     if args.json:
-        print_json(result)
+        print_json({**result, "sized_by_demand": sized})
     else:
         print(result["summary"] if not result["changed"] else "done:\n" + result["summary"])
         lb = result.get("load_balancer")
@@ -140,11 +157,7 @@ def cmd_fleet_plan(kiln: Kiln, args: argparse.Namespace) -> int:
     """Each machine's plan for the workload, its capacity at the budget, and the droplets that carry the demand."""
     if not (args.profile or args.model):
         raise KilnError("name the model", fix="give --profile NAME or --model ORG/NAME")
-    if (args.demand is not None and not 0 < args.demand < math.inf) or (args.users is not None and args.users <= 0):
-        raise KilnError("the demand must be a number above 0", fix="give --demand R (requests/s) or --users N "
-                        "above 0")
-    if not 0 <= args.think_s < math.inf:
-        raise KilnError(f"--think-s {args.think_s:g} is not a time", fix="give --think-s 0 or more seconds")
+    check_demand(args)
     profile = kiln.profile(args.profile, args.model)
     workload = WORKLOAD_PRESETS[args.workload].workload
     prices = datafiles.read_yaml("droplets.yaml")

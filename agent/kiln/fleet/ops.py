@@ -114,6 +114,15 @@ def up(api: Api, spec: FleetSpec, confirm: Confirm) -> dict[str, Any]:
     return _change(api, spec, changes, existing, confirm)
 
 
+def fleet_size(api: Api, spec: FleetSpec) -> str:
+    """The droplet size of the fleet's droplets (its first's: they are all made alike)."""
+    existing = read(api, spec)
+    if not existing.droplets:
+        raise ConfigError(f"fleet {spec.name} has no droplets to scale", fix=f"create it with `kiln fleet up --name "
+                          f"{spec.name} ...`")
+    return str(existing.droplets[0]["size_slug"])
+
+
 def scale(api: Api, spec: FleetSpec, count: int, confirm: Confirm) -> dict[str, Any]:
     existing = read(api, spec)
     if not existing.droplets:
