@@ -231,5 +231,6 @@ def fill(folder: Path) -> Path:
 
 
 def last_line(done: subprocess.CompletedProcess[str]) -> str:
-    text = (done.stderr or done.stdout).strip().splitlines()
-    return (text[0] if text else "")[:100]
+    """What a command said last (its first line names the agent it acted on)."""
+    text = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()]
+    return (text[-1] if text else "")[:140]
