@@ -164,7 +164,7 @@ class Stack:
         except (requests.RequestException, ValueError) as exc:
             return f"/status unreadable: {exc.__class__.__name__}"
         states = ",".join(f"{i['name']}={i['state']}" for i in (*status["instances"], *status["services"]))
-        error = (status.get("last_error") or {}).get("what")
+        error = (status.get("last_error") or {}).get("error")
         return f"{status['phase']}; {states}" + (f"; last_error: {error[:110]}" if error else "")
 
     def kiln(self, *args: str) -> subprocess.CompletedProcess[str]:

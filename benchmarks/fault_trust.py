@@ -20,7 +20,7 @@ from kiln.choice.resolve import layers_from_inputs, merge
 from kiln.choice.sources import RawInputs
 from kiln.choice.userdata import extract_settings
 
-BAD_GRAMMAR = "root ::= root root |"  # vLLM answers 500: the grammar cannot be compiled
+BAD_GRAMMAR = "root ::= root root |"  # the probe of `kiln up` saw vLLM answer it with 500
 
 
 def rows(stack: Stack) -> list[Row]:
@@ -181,7 +181,7 @@ def request_rows(stack: Stack) -> list[Row]:
 
     return [
         measured(stack, "6. n given as 10000, 10000.0 and \"10000\"", n_spelled),
-        measured(stack, "11. four requests at once that vLLM answers with 500 (a grammar it cannot compile)",
+        measured(stack, "11. four requests at once with the grammar `root ::= root root |`, once answered with 500",
                  grammars),
         measured(stack, "16. one completion of 1,024 prompts with n: 16", prompt_list),
         measured(stack, "19e. 5,000 tools with tool_choice: required", tools),
