@@ -469,6 +469,11 @@ class Agent:
             return
         for problem in resolved.problems:
             log.warning("reload: %s", problem.text())
+        if resolved.problems:  # left out; the rest applies, and /status says what was left out
+            first = resolved.problems[0]
+            where = f"{first.source}: {first.field}" if first.field else first.source
+            self.state.fail(f"reload: {where}: {first.what}" + (f" (and {len(resolved.problems) - 1} more in the "
+                            "journal)" if len(resolved.problems) > 1 else ""), first.fix)
         report: dict[str, object] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "changed": [],
                                      "seconds": 0.0, "planned": False, "rolling": None}
         try:
