@@ -102,9 +102,7 @@ def cmd_fleet(_kiln: None, args: argparse.Namespace) -> int:
         user_data = args.user_data.read_text(encoding="utf-8")
         count = args.count
         if count is None:
-            sizing, demand = droplets_for(Kiln.create(), args.size, user_data, args)
-            count, sized = sizing.droplets, {**sizing.as_dict(), "demand_requests_per_s": round(demand, 3)}
-            print(said(sizing, demand), file=sys.stderr)
+            count, sized = _sized_by_demand(args.size, user_data, args)
         spec = FleetSpec(args.name, size=args.size, count=count, region=args.region, image=args.image,
                          user_data=user_data, ssh_keys=tuple(args.ssh_key),
                          ssh_from=tuple(args.ssh_from) or ANYWHERE, certificate_id=args.certificate_id)
@@ -120,9 +118,7 @@ def cmd_fleet(_kiln: None, args: argparse.Namespace) -> int:
             if not user_data:
                 raise KilnError("sizing by demand plans what the droplets serve, which the user-data says",
                                 fix="pass the fleet's --user-data FILE")
-            sizing, demand = droplets_for(Kiln.create(), ops.fleet_size(api, spec), user_data, args)
-            count, sized = sizing.droplets, {**sizing.as_dict(), "demand_requests_per_s": round(demand, 3)}
-            print(said(sizing, demand), file=sys.stderr)
+            count, sized = _sized_by_demand(ops.fleet_size(api, spec), user_data, args)
         result = ops.scale(api, spec, count, _confirm(args, args.name))
     elif args.action == "down":
         result = ops.down(api, FleetSpec(args.name), _confirm(args, args.name))
@@ -139,6 +135,13 @@ def cmd_fleet(_kiln: None, args: argparse.Namespace) -> int:
             print(f"load balancer {lb['id']}: {lb['status']}" + (f", https://{lb['ip']}" if lb.get("ip") else
                                                                  " (its address comes once it is active)"))
     return 0
+
+
+def _sized_by_demand(size_slug: str, user_data: str, args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    """The droplets that carry `args`' demand, said on stderr, and the sizing for --json."""
+    sizing, demand = droplets_for(Kiln.create(), size_slug, user_data, args)
+    print(said(sizing, demand), file=sys.stderr)
+    return sizing.droplets, {**sizing.as_dict(), "demand_requests_per_s": round(demand, 3)}
 
 
 def status_text(result: dict[str, Any]) -> str:
