@@ -11,7 +11,7 @@ import yaml
 
 from kiln import datafiles
 from kiln.errors import ConfigError
-from kiln.hardware.detect import detect_fixture, detect_live, gpu_catalog
+from kiln.hardware.detect import detect_fixture, gpu_catalog
 from kiln.hardware.fixtures import fixture_names, load_fixture
 from kiln.hardware.machine_file import machine_from_file
 from kiln.hardware.model import Machine
@@ -79,6 +79,8 @@ class Kiln:
     def machine(self, spec: str | None) -> Machine:
         """This machine (None), a named fixture, or a machine file."""
         if spec is None:
+            from kiln.hardware.live import detect_live
+
             return detect_live(self.gpus)
         path = Path(spec)
         if spec not in fixture_names() and (path.suffix in (".yaml", ".yml", ".json") or path.exists()):
@@ -104,6 +106,7 @@ class Kiln:
         from kiln.doctor.probe import read_health
         from kiln.hardware.detect import detect_recorded
         from kiln.hardware.fixtures import RecordedNvml
+        from kiln.hardware.live import detect_live
         from kiln.hardware.system import LiveSystem, RecordedSystem, SystemFacts
 
         model = needs.model if needs and needs.model_bytes is not None else None
@@ -132,7 +135,8 @@ class Kiln:
         import pynvml
 
         from kiln.hardware.fixtures import RecordedNvml
-        from kiln.hardware.host import LiveHost, RecordedHost
+        from kiln.hardware.host import RecordedHost
+        from kiln.hardware.live import LiveHost
         from kiln.hardware.record import record_machine
         from kiln.hardware.system import LiveSystem, RecordedSystem
 

@@ -8,8 +8,9 @@ import pytest
 
 from kiln import datafiles
 from kiln.errors import ConfigError, NotFoundError
-from kiln.hardware.detect import detect_live, detect_recorded
+from kiln.hardware.detect import detect_recorded
 from kiln.hardware.fixtures import fixture_names, load_fixture, load_recording
+from kiln.hardware.live import detect_live
 from kiln.hardware.model import Architecture
 from kiln.hardware.nvml import cpus_from_mask, cuda_version_text
 from kiln.hardware.specs import hbm_bandwidth_gb_s

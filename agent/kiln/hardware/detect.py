@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import pynvml
-
 from kiln import datafiles
 from kiln.hardware.fixtures import RecordedNvml, load_fixture
-from kiln.hardware.host import HostProbe, LiveHost, RecordedHost
+from kiln.hardware.host import HostProbe, RecordedHost
 from kiln.hardware.model import Machine
 from kiln.hardware.nvml import read_nvml
 from kiln.hardware.specs import GpuCatalog
@@ -35,11 +33,6 @@ def detect(nvml: Any, host_probe: HostProbe, catalog: GpuCatalog, *, name: str, 
         droplet_size=droplet_size,
         description=description or (reading.problem or ""),
     )
-
-
-def detect_live(catalog: GpuCatalog | None = None) -> Machine:
-    """This machine, through the real NVML library."""
-    return detect(pynvml, LiveHost(), catalog or gpu_catalog(), name="this machine", source="nvml")
 
 
 def detect_recorded(data: dict[str, Any], catalog: GpuCatalog | None = None) -> Machine:

@@ -1,4 +1,4 @@
-"""The host adapters: psutil for CPUs, RAM and disk; sysfs for accelerators NVML cannot see."""
+"""The host adapters' shared parts: what a host probe answers, sysfs's PCI devices, a recorded host."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-
-import psutil
 
 from kiln.hardware.model import Host
 
@@ -44,25 +42,6 @@ class HostProbe(Protocol):
     def host(self) -> Host: ...
 
     def foreign_accelerators(self) -> tuple[str, ...]: ...
-
-
-class LiveHost:
-    """This machine, read through psutil and /sys."""
-
-    def __init__(self, disk_path: str = "/", sysfs: Path = Path("/sys/bus/pci/devices")) -> None:
-        self._disk_path = disk_path
-        self._sysfs = sysfs
-
-    def host(self) -> Host:
-        return Host(
-            cpu_count=psutil.cpu_count(logical=True) or 1,
-            memory_bytes=psutil.virtual_memory().total,
-            disk_free_bytes=psutil.disk_usage(self._disk_path).free,
-        )
-
-    def foreign_accelerators(self) -> tuple[str, ...]:
-        return tuple(f"AMD GPU (PCI {d.vendor}:{d.device})" for d in pci_devices(self._sysfs)
-                     if d.vendor == AMD_VENDOR and d.pci_class.startswith(ACCELERATOR_CLASSES) and d.device)
 
 
 class RecordedHost:
