@@ -15,17 +15,6 @@ from kiln.render.cluster import Node, distributed_ports, node_argv
 from kiln.setup.types import Refusal
 from kiln.wiring import Kiln
 
-HEAD_PLACEHOLDER = "HEAD_PRIVATE_IP"
-
-
-def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", type=int, help="plan across this many machines of --machine's kind (2 to 16)")
-    p.add_argument("--network", choices=["vpc", "fabric"], help="the link between nodes (default: the VPC)")
-    p.add_argument("--inter-node-gbps", type=float, metavar="GBPS",
-                   help="the link's bandwidth per node, instead of DigitalOcean's published figure")
-    p.add_argument("--head-address", default=HEAD_PLACEHOLDER,
-                   help="the head node's private address in the rendered command lines")
-
 
 def cmd_plan_nodes(kiln: Kiln, args: argparse.Namespace) -> int:
     machine = kiln.machine(args.machine)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kiln.cli import cluster, planargs, predict
+from kiln.cli import planargs, predict
 from kiln.cli.output import print_json
 from kiln.cli.views import plan_text
 from kiln.planner.search import Choosing, choose, make_plan, plan_of
@@ -27,12 +27,14 @@ def add_arguments(_name: str, plan: argparse.ArgumentParser) -> None:
                       help="vLLM command: the image's `vllm serve`, or `python -m` for a source checkout")
     plan.add_argument("--models-dir", default=Runtime.models_dir, help="where locally made models live")
     plan.add_argument("--systemd", action="store_true", help="print the instances as systemd units")
-    cluster.add_options(plan)
+    planargs.add_cluster_options(plan)
     plan.add_argument("--json", action="store_true", help="print JSON for programs")
 
 
 def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
     if args.nodes is not None:  # --nodes 0 or 1 is refused there, not read as "one machine"
+        from kiln.cli import cluster  # noqa: PLC0415 - the cluster planner loads only for a plan across machines
+
         return cluster.cmd_plan_nodes(kiln, args)
     machine = kiln.machine(args.machine)
     profile = kiln.profile(args.profile, args.model, revision=args.revision)

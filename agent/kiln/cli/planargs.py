@@ -127,3 +127,16 @@ def runtime_for(args: argparse.Namespace) -> Runtime:
     """Where rendered command lines find vLLM: the image's `vllm serve`, or `python -m` beside this kiln."""
     launcher = (sys.executable, *MODULE_VLLM) if args.launcher == "module" else IMAGE_VLLM
     return Runtime(vllm_command=launcher, models_dir=args.models_dir)
+
+
+HEAD_PLACEHOLDER = "HEAD_PRIVATE_IP"
+
+
+def add_cluster_options(p: argparse.ArgumentParser) -> None:
+    """`kiln plan --nodes N` (kiln.cli.cluster)."""
+    p.add_argument("--nodes", type=int, help="plan across this many machines of --machine's kind (2 to 16)")
+    p.add_argument("--network", choices=["vpc", "fabric"], help="the link between nodes (default: the VPC)")
+    p.add_argument("--inter-node-gbps", type=float, metavar="GBPS",
+                   help="the link's bandwidth per node, instead of DigitalOcean's published figure")
+    p.add_argument("--head-address", default=HEAD_PLACEHOLDER,
+                   help="the head node's private address in the rendered command lines")
