@@ -11,13 +11,16 @@ Then, per engine, the share of cases within ±25% and the median absolute error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+from benchmarks.band_coverage import GOAL, MIN_JUDGED, Coverage, HeldCase, fit_bands
 from benchmarks.perf_fit import Errors, best_point, combos, error_matrix, family, out_of_sample_from
 from benchmarks.public_cases import (
     OLDEST_RELEASE,
@@ -32,6 +35,7 @@ from benchmarks.public_cases import (
     summary,
 )
 from kiln.perf.predict import kiln_steps
+from kiln.planner.bands import MIN_CASES, class_keys, model_family
 from kiln.wiring import Kiln
 
 
@@ -47,10 +51,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-aiconfigurator", action="store_true", help="skip AIConfigurator's column")
     parser.add_argument("--out-of-sample", action="store_true",
                         help="refit the constants without each source and each model family, predict the held-out "
-                             "cases, and print the bands (data/planner.yaml `bands`) their errors give")
+                             "cases, and print the bands (data/planner.yaml `bands`) their errors give, judged on "
+                             "cases they were not fitted on")
+    parser.add_argument("--held", type=Path, metavar="FILE",
+                        help="with --out-of-sample: also write each case's out-of-sample ratios to FILE (JSON); "
+                             "with --bands-from: read them from FILE instead of refitting")
+    parser.add_argument("--bands-from", action="store_true", help="judge the bands from --held FILE alone")
     args = parser.parse_args(argv)
+    if args.bands_from:
+        if args.held is None:
+            parser.error("--bands-from needs --held FILE")
+        print_bands([HeldCase(**{**c, "keys": tuple(c["keys"])}) for c in json.loads(args.held.read_text())])
+        return 0
     if args.out_of_sample:
-        return out_of_sample_report()
+        return out_of_sample_report(args.held)
     kiln = Kiln.create()
     cases, catalog = load_cases(), kiln.catalog()
     rows = [evaluate(kiln, c, catalog) for c in cases]
@@ -129,25 +143,7 @@ def planner_timings(kiln: Kiln) -> dict[str, float]:
     return out
 
 
-def bands(classes: list[tuple[str, str, str] | None], errors: list[float | None]) -> dict[str, dict[str, Any]]:
-    """Per class (and coarser), the 10th and 90th percentile of measured / predicted over the held-out cases."""
-    from kiln.planner.bands import class_keys  # noqa: PLC0415
-
-    ratios: dict[str, list[float]] = {}
-    for cls, err in zip(classes, errors, strict=True):
-        if cls is None or err is None:
-            continue
-        for key in class_keys(*cls):
-            ratios.setdefault(key, []).append(1 / (1 + err))
-    out = {}
-    for key, values in sorted(ratios.items()):
-        ordered = sorted(values)
-        q = statistics.quantiles(ordered, n=10, method="inclusive") if len(ordered) > 1 else [ordered[0]] * 9
-        out[key] = {"low": round(q[0], 2), "high": round(q[-1], 2), "cases": len(ordered)}
-    return out
-
-
-def out_of_sample_report() -> int:
+def out_of_sample_report(held_file: Path | None) -> int:
     kiln = Kiln.create()
     cases = [{**c, "workload": lengths(c)} for c in load_cases()]
     grid = combos()
@@ -164,10 +160,47 @@ def out_of_sample_report() -> int:
               f"split per GPU predicted best in {right} of {len(groups)} groups")
     print_breakdown(cases, {name: errors for name, (errors, _) in results.items()})
     classes = [case_class(kiln, c, catalog) for c in cases]
-    print("\nbands (data/planner.yaml `bands: classes:`), from the leave-one-source-out errors:")
-    for key, band in bands(classes, results["leave-one-source-out"][0]).items():
-        print(f"    \"{key}\": {{low: {band['low']}, high: {band['high']}, cases: {band['cases']}}}")
+    by_source, by_family = results["leave-one-source-out"][0], results["leave-one-family-out"][0]
+    held = [HeldCase(tuple(class_keys(*cls)), str(c.get("source_group") or c["source"]), family(c["model"]),
+                     1 / (1 + e), None if f is None else 1 / (1 + f))
+            for c, cls, e, f in zip(cases, classes, by_source, by_family, strict=True)
+            if cls is not None and e is not None]
+    if held_file is not None:
+        held_file.write_text(json.dumps([dataclasses.asdict(h) for h in held], indent=1))
+    print_bands(held)
     return 0
+
+
+def print_bands(held: list[HeldCase]) -> None:
+    """Each class's band before (10th-90th percentile) and after widening to the goal, with how often each held
+    for the cases left out, and the lines for data/planner.yaml."""
+    sets = {"source": "classes", "family": "new_family"}
+    yaml_lines = [f"  families: [{', '.join(sorted({model_family(h.family) for h in held}))}]"]
+    for kind, table in sets.items():
+        fitted = fit_bands(held, MIN_CASES, kind)
+        judged = [b for b in fitted if b.after.judged >= MIN_JUDGED]
+        print(f"\nbands judged leaving out each {kind} ({len(held)} cases; a case's band fitted without its {kind}; "
+              f"goal: {GOAL:.0%} held)")
+        print(f"{'class':20} {'cases':>5}  {'held':>16}  {'width (high/low)':>17}")
+        for b in fitted:
+            print(f"{b.key:20} {b.cases:5}  {_share(b.before):>7} -> {_share(b.after):>6}  "
+                  f"{b.widths[0]:7.2f} -> {b.widths[1]:5.2f}"
+                  f"{'' if b.meets else '  (below the goal at the widest rung)'}"
+                  f"{'' if b.after.judged >= MIN_JUDGED else '  (too few left-out cases to judge: not in the table)'}")
+        for when, index in (("before", 0), ("after", 1)):
+            covered = [(b.before, b.after)[index] for b in judged]
+            hits, total = sum(c.held for c in covered), sum(c.judged for c in covered)
+            print(f"  {when}: held for {hits}/{total} ({hits / total:.0%}) of the cases left out; median width "
+                  f"{statistics.median(b.widths[index] for b in judged):.2f}x")
+        yaml_lines.append(f"  {table}:")
+        yaml_lines += [f"    \"{b.key}\": {{low: {b.low:.2f}, high: {b.high:.2f}, cases: {b.cases}, "
+                       f"held: {b.after.share:.2f}, judged: {b.after.judged}}}" for b in judged]
+    print("\ndata/planner.yaml `bands:`")
+    print("\n".join(yaml_lines))
+
+
+def _share(c: Coverage) -> str:
+    return f"{c.held}/{c.judged}" if c.judged else "-"
 
 
 def print_breakdown(cases: list[dict[str, Any]], errors: dict[str, Errors]) -> None:

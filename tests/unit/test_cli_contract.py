@@ -82,10 +82,10 @@ def test_every_workload_flag_of_predict(capsys: pytest.CaptureFixture[str], flag
     assert out["workload"]["num_prompts"] in (40, 50)
     if "capacity" in out:  # a budget and no load: the load is found
         assert out["capacity"]["output_tokens_per_s"] > 0 and "output_tokens_per_s" not in out
-        assert set(out["capacity"]["band"] or {}) <= {"requests_per_s", "output_tokens_per_s", "source"}
+        assert set(out["capacity"]["band"] or {}) <= {"requests_per_s", "output_tokens_per_s", "held", "source"}
     else:
         assert out["output_tokens_per_s"] > 0
-        assert set(out["band"] or {}) <= {"low", "high", "source"}
+        assert set(out["band"] or {}) <= {"low", "high", "held", "source"}
 
 
 EVERY_SETTING_FLAG = [

@@ -323,19 +323,28 @@ def test_a_band_comes_from_the_most_specific_class_with_enough_cases(kiln: Kiln)
     fitted = fit_plans(machine, profile, Choice(speculative_decoding=False), kiln.constants)
     assert not isinstance(fitted, Refusal)
 
-    def band(classes: dict[str, dict[str, float]], concurrency: int) -> tuple[float, float, str] | None:
+    def band(classes: dict[str, dict[str, float]], concurrency: int, families: tuple[str, ...] = ("qwen3",),
+             new_family: dict[str, dict[str, float]] | None = None) -> tuple[float, float, str] | None:
+        bands = {"families": list(families), "classes": classes, "new_family": new_family or {}}
         found = band_for(fitted[0], profile, Workload(1000, 200, concurrency=concurrency), 100.0,
-                         Constants({**kiln.constants.data, "bands": {"classes": classes}}), "hopper")
+                         Constants({**kiln.constants.data, "bands": bands}), "hopper")
         return None if found is None else (found.low, found.high, found.source)
 
     few = {"low": 1.2, "high": 1.3, "cases": MIN_CASES - 1}
-    enough = {"low": 0.8, "high": 1.5, "cases": MIN_CASES}
+    enough = {"low": 0.8, "high": 1.5, "cases": MIN_CASES, "held": 0.8, "judged": 10}
     assert band({"hopper/dense/low": few, "hopper/dense": enough}, 4) == pytest.approx(
-        (80.0, 150.0, f"hopper/dense: {MIN_CASES} public cases predicted out of sample"))
+        (80.0, 150.0, f"hopper/dense: {MIN_CASES} public cases predicted out of sample; held for 8 of 10 public "
+                      "runs whose source it was fitted without"))
     specific = band({"hopper/dense/low": {**few, "cases": MIN_CASES}}, 4)
     assert specific is not None and specific[:2] == pytest.approx((120.0, 130.0))
     assert band({"hopper/dense/low": few, "hopper/dense": enough}, 64) == band({"hopper/dense": enough}, 64)
     assert band({"hopper/dense/low": few}, 4) is None
+    # A model of a family the corpus lacks takes the bands judged leaving out whole families.
+    unknown = band({"hopper/dense": enough}, 4, families=("llama",), new_family={"hopper/dense": {
+        "low": 0.5, "high": 2.0, "cases": MIN_CASES, "held": 0.7, "judged": 20}})
+    assert unknown is not None and unknown[:2] == pytest.approx((50.0, 200.0))
+    assert "held for 14 of 20 public runs whose model family it was fitted without" in unknown[2]
+    assert band({"hopper/dense": enough}, 4, families=("llama",)) is None
 
 
 def test_a_datasets_outputs_spread_as_its_own_do_and_its_tail_sets_an_all_at_once_run(kiln: Kiln) -> None:

@@ -10,7 +10,7 @@ from kiln.cli.output import gib, table
 from kiln.hardware.model import Machine
 from kiln.profiles.schema import Profile
 from kiln.render.vllm import RenderedInstance
-from kiln.setup.headline import headline_of
+from kiln.setup.headline import headline_of, held_text
 from kiln.setup.types import Plan
 
 
@@ -80,7 +80,7 @@ def engine_rows(plan: Plan) -> list[list[str]]:
         return capacity_rows(plan, p.capacity)
     if p.output_tokens_per_s is None:
         return [["output tok/s", "not predicted"]]
-    band = f" (likely {p.band.low:,.0f} to {p.band.high:,.0f})" if p.band else ""
+    band = f" (likely {p.band.low:,.0f} to {p.band.high:,.0f}{p.band.promise()})" if p.band else ""
     rows = [["output tok/s (all instances)", f"{p.output_tokens_per_s:,.0f}{band}"]]
     if p.tokens_per_s_per_user is not None:
         rows.append(["tok/s per user (p50)", f"{p.tokens_per_s_per_user:,.1f}"])
@@ -98,7 +98,8 @@ def capacity_rows(plan: Plan, cap: dict[str, Any]) -> list[list[str]]:
     band = cap.get("band")
     rows = [["capacity (all instances)", headline_of(cap).split(";")[0].removeprefix("carries ")],
             ["output tok/s there", f"{cap['output_tokens_per_s']:,.0f}" + (
-                f" (likely {band['output_tokens_per_s'][0]:,.0f} to {band['output_tokens_per_s'][1]:,.0f})"
+                f" (likely {band['output_tokens_per_s'][0]:,.0f} to {band['output_tokens_per_s'][1]:,.0f}"
+                f"{held_text(band)})"
                 if band else "")],
             ["tok/s per GPU there", f"{cap['tokens_per_s_per_gpu']:,.0f}"],
             ["tok/s per user (p50)", f"{cap['tokens_per_s_per_user']:,.1f}"],

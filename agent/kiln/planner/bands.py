@@ -1,9 +1,11 @@
-"""How far a prediction may be off: a band from the out-of-sample errors of predictions like it. Pure.
+"""How far a prediction may be off: a band from the out-of-sample errors of predictions like it, with how often
+bands fitted that way held on public runs left out of their fit. Pure.
 
-The errors come from `python -m benchmarks.perf_model_vs_public --out-of-sample`: every public case predicted by
-constants fitted without the case's source, as the ratio measured / predicted. A class is the GPU generation, dense or
-MoE, and the load regime; the band is its 10th to 90th percentile ratio, or a coarser class's where it has too
-few cases (data/planner.yaml `bands`).
+The bands come from `python -m benchmarks.perf_model_vs_public --out-of-sample` (data/planner.yaml `bands`). Every
+public case is predicted by constants fitted without it, as the ratio measured / predicted. A class is the GPU
+generation, dense or MoE, and the load regime; its band is as narrow as lets at least 80% of the cases left out of
+its fit land inside (benchmarks.band_coverage), and says how many did. A model of a family the corpus holds gets
+the bands judged leaving out each source; any other model, those judged leaving out each model family.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.perf.workload import Workload
+from kiln.profiles.names import normalize_name
 from kiln.profiles.schema import Profile
 from kiln.setup.types import Band, Constants, Plan
 
@@ -28,6 +31,12 @@ def family(profile: Profile) -> str:
     return "moe" if profile.architecture.moe is not None else "dense"
 
 
+def model_family(name: str) -> str:
+    """A model's family as the corpus groups them: its name's first part (gpt-oss, qwen3, deepseek, llama...)."""
+    normal = normalize_name(name)
+    return "gpt-oss" if normal.startswith("gpt-oss") else normal.split("-", maxsplit=1)[0]
+
+
 def class_keys(generation: str, fam: str, load: str) -> list[str]:
     """From the most specific class to the coarsest."""
     return [f"{generation}/{fam}/{load}", f"{generation}/{fam}", f"*/{fam}/{load}", f"*/{fam}", "*"]
@@ -36,16 +45,21 @@ def class_keys(generation: str, fam: str, load: str) -> list[str]:
 def band_for(plan: Plan, profile: Profile, workload: Workload, predicted: float, c: Constants,
              architecture: str) -> Band | None:
     """The band of `predicted` output tok/s, or None when kiln holds no out-of-sample errors for its class."""
-    table: dict[str, Any] = c.data.get("bands", {}).get("classes", {})
+    bands: dict[str, Any] = c.data.get("bands", {})
+    known = model_family(profile.name) in bands.get("families", ())
+    table: dict[str, Any] = bands.get("classes" if known else "new_family", {})
     if plan.engine.device == "cpu" or predicted <= 0:
         return None
     schedulers = max(len(plan.instances) * plan.engine.schedulers, 1)
     load = workload.concurrency if workload.concurrency is not None else min(
         workload.num_prompts, plan.engine.max_num_seqs * schedulers)
+    left_out = "source" if known else "model family"
     for key in class_keys(architecture, family(profile), regime(load / schedulers)):
         found = table.get(key)
         if found and found["cases"] >= MIN_CASES:
+            held, judged = found.get("held"), found.get("judged")
+            promise = "" if held is None or not judged else (
+                f"; held for {round(held * judged)} of {judged} public runs whose {left_out} it was fitted without")
             return Band(predicted * found["low"], predicted * found["high"],
-                        f"{key}: {found['cases']} public cases predicted out of sample")
+                        f"{key}: {found['cases']} public cases predicted out of sample{promise}", held)
     return None
-

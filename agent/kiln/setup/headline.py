@@ -6,6 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 
+def held_phrase(held: float | None) -> str:
+    """A band's promise: how often bands like it held on public runs left out of their fit."""
+    return "" if held is None else f"; held {held:.0%} out of sample"
+
+
+def held_text(band: dict[str, Any]) -> str:
+    return held_phrase(band.get("held"))
+
+
 def headline_of(figures: dict[str, Any]) -> str:
     """The headline of a capacity report (kiln.perf.capacity.Capacity.as_dict, with its band)."""
     budget = figures["budget"]
@@ -15,6 +24,7 @@ def headline_of(figures: dict[str, Any]) -> str:
     if not figures["streams"]:
         return f"carries no load at {within}: one request alone misses it"
     band = figures.get("band")
-    likely = f" (likely {band['requests_per_s'][0]:,.1f} to {band['requests_per_s'][1]:,.1f})" if band else ""
+    likely = (f" (likely {band['requests_per_s'][0]:,.1f} to {band['requests_per_s'][1]:,.1f}{held_text(band)})"
+              if band else "")
     return (f"carries {figures['requests_per_s']:,.1f} requests/s{likely} (about {figures['streams']:,} streams) at "
             f"{within}; {figures['output_tokens_per_s']:,.0f} output tok/s there")

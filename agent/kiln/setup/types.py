@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.setup.headline import held_phrase
 from kiln.setup.startup import ColdStarts
 
 
@@ -70,9 +71,14 @@ class Band:
     low: float
     high: float
     source: str  # the class and the cases the errors come from
+    held: float | None = None  # the share of public cases, left out of its fit, that landed inside
 
     def as_dict(self) -> dict[str, Any]:
-        return {"low": round(self.low, 1), "high": round(self.high, 1), "source": self.source}
+        return {"low": round(self.low, 1), "high": round(self.high, 1), "held": self.held, "source": self.source}
+
+    def promise(self) -> str:
+        """How often a band like it held on cases it was not fitted on."""
+        return held_phrase(self.held)
 
 
 @dataclass(frozen=True)
