@@ -18,6 +18,7 @@ from kiln.bench.predicted import Level, predict_capacity, predict_levels
 from kiln.bench.sweep import Slo, SweepSpec, ratios, run_sweep
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice
+from kiln.cli.argtypes import positive_count, positive_number
 from kiln.cli.locate import locate
 from kiln.cli.output import print_json, table
 from kiln.errors import ConfigError, KilnError
@@ -46,15 +47,17 @@ def _concurrencies(text: str) -> tuple[int, ...]:
 def _add_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=_concurrencies, default=(1, 2, 4, 8, 16, 32, 64),
                    help="concurrent requests per level (default: 1,2,4,8,16,32,64)")
-    p.add_argument("--input-len", type=int, default=512)
-    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--input-len", type=positive_count, default=512)
+    p.add_argument("--output-len", type=positive_count, default=256)
     p.add_argument("--dataset", choices=["random", "sharegpt"], default="random")
     p.add_argument("--dataset-path", help="the ShareGPT JSON file, with --dataset sharegpt")
-    p.add_argument("--num-prompts", type=int, help="prompts per level (default: 8 per concurrent request)")
-    p.add_argument("--slo-ttft-ms", type=float, default=Slo.ttft_ms, help="goodput: time to first token at most")
-    p.add_argument("--slo-tpot-ms", type=float, default=Slo.tpot_ms, help="goodput: time per output token at most")
+    p.add_argument("--num-prompts", type=positive_count, help="prompts per level (default: 8 per concurrent request)")
+    p.add_argument("--slo-ttft-ms", type=positive_number, default=Slo.ttft_ms,
+                   help="goodput: time to first token at most")
+    p.add_argument("--slo-tpot-ms", type=positive_number, default=Slo.tpot_ms,
+                   help="goodput: time per output token at most")
     price = p.add_mutually_exclusive_group()
-    price.add_argument("--price-per-hour", type=float, help="USD per hour of the machine")
+    price.add_argument("--price-per-hour", type=positive_number, help="USD per hour of the machine")
     price.add_argument("--machine", help="a machine fixture whose DigitalOcean price applies (`kiln detect --list`)")
     p.add_argument("--out", type=Path, default=Path("kiln-bench"), help="folder for results.json, report.md, plots")
     p.add_argument("--vllm-python", help="the Python with vLLM for the benchmark client (default: found)")
@@ -74,19 +77,19 @@ def add_arguments(_name: str, bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--predict", metavar="PROFILE",
                        help="print kiln's prediction beside each level: the plan for PROFILE on --machine's "
                             "fixture (the CPU profile: this machine)")
-    bench.add_argument("--predict-instances", type=int, help="the instances the predicted plan serves with")
+    bench.add_argument("--predict-instances", type=positive_count, help="the instances the predicted plan serves with")
     bench.add_argument("--capacity", action="store_true",
                        help="instead of the levels: the most streams the endpoint carries within the budget "
                             "(--slo-ttft-ms, --slo-tpot-ms, at p90), doubling then bisecting; with --predict, "
                             "beside the engine's capacity and its band")
-    bench.add_argument("--capacity-ceiling", type=int,
+    bench.add_argument("--capacity-ceiling", type=positive_count,
                        help="the most streams a capacity search tries (default: the predicted plan's batch slots "
                             "and a quarter, else 256)")
     _add_sweep(bench)
     modes = bench.add_subparsers(dest="mode")
     compare = modes.add_parser("compare", help="kiln's plan against vanilla vLLM on this machine, side by side")
     compare.add_argument("--profile", default="tiny-cpu", help="the profile both setups serve (default: tiny-cpu)")
-    compare.add_argument("--instances", type=int, help="kiln's instances (default: the plan's)")
+    compare.add_argument("--instances", type=positive_count, help="kiln's instances (default: the plan's)")
     _add_sweep(compare)
 
 
