@@ -465,6 +465,12 @@ def test_a_rolling_change_of_2_instances_under_16_streams(stack: Stack, capsys: 
     """A new plan through `kiln reload`: one instance at a time leaves routing, drains, restarts with the new plan
     and comes back, while 16 clients stream over TLS; none of their requests fails."""
     assert stack.status()["plan"]["max_model_len"] == 2048
+    # A bad setting is left out and said on /status; the reload that follows with good settings clears it.
+    (stack.state_dir / "kiln.yaml").write_text("max_model_len: lots\n")
+    subprocess.run([KILN, "reload", "--state-dir", str(stack.state_dir), "--health", stack.health, "--json"],
+                   capture_output=True, text=True, timeout=RELOAD_WAIT_S + 30, check=False)
+    fault = stack.status()["last_error"]
+    assert fault and fault["error"].startswith("reload: ") and "max_model_len" in fault["error"], fault
     (stack.state_dir / "kiln.yaml").write_text("max_model_len: 1024\n")
     with streaming_clients(stack, 16) as outcomes:
         time.sleep(3)
@@ -487,6 +493,7 @@ def test_a_rolling_change_of_2_instances_under_16_streams(stack: Stack, capsys: 
     assert not failed, failed
     status = stack.status()
     assert status["plan"]["max_model_len"] == 1024
+    assert not (status["last_error"] or {}).get("error", "").startswith("reload: "), status["last_error"]
     assert [(i["name"], i["state"], i["routed"]) for i in status["instances"]] == [
         ("vllm-0", "ready", True), ("vllm-1", "ready", True)]
     for instance in status["instances"]:

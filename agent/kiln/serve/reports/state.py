@@ -69,6 +69,12 @@ class AgentState:
             if fatal:
                 self.phase = FAILED
 
+    def recovered(self, prefix: str) -> None:
+        """The fault starting with `prefix` is over (a later reload applied cleanly): /status stops showing it."""
+        with self._lock:
+            if self.last_error is not None and self.last_error.what.startswith(prefix):
+                self.last_error = None
+
     def current_phase(self) -> str:
         """Before serving, the phase set by the boot loop; after, what the instances say."""
         if self.phase in (DETECTING, PLANNING, DOWNLOADING, FAILED, JOINING) or self.supervisor is None:
