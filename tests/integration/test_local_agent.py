@@ -1,7 +1,7 @@
 """The commands find the local agent the same way, as a user types them: `kiln up` in one terminal with no
 --state-dir, then `kiln status`, `kiln keys list`, `kiln keys show default` and `kiln bench --url` with none either,
-on the default ports, against real vLLM on the CPU. An agent started with --state-dir is found the same way through
-its health endpoint (tests/unit/test_locate.py, with the agent's real health server)."""
+on the default ports, against real vLLM on the CPU; and again with the agent started with its own --state-dir, which
+the commands find through its health endpoint."""
 
 from __future__ import annotations
 
@@ -83,11 +83,15 @@ def env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg")}
 
 
-def test_commands_find_an_agent_started_with_no_state_dir(env: dict[str, str], tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    with _up(env, tmp_path / "up.log"):
+@pytest.mark.parametrize("state_dir", [None, "STATE"], ids=["no-state-dir", "state-dir"])
+def test_commands_find_the_agent_without_being_told_its_folder(env: dict[str, str], tmp_path: Path,
+                                                                state_dir: str | None,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`kiln up` with no --state-dir, or with its own; the commands after it are given none either way."""
+    state = tmp_path / "xdg" / "kiln" if state_dir is None else tmp_path / state_dir
+    with _up(env, tmp_path / "up.log", *([] if state_dir is None else ["--state-dir", str(state)])):
         text, done = _transcript(env, tmp_path / "bench")
     with capsys.disabled():
-        print(f"\n$ kiln up   (another terminal)\n{text}")
-    _check(done, tmp_path / "xdg" / "kiln")
-    assert json.loads((tmp_path / "xdg" / "kiln" / "keys.json").read_text())["keys"]
+        print(f"\n$ kiln up{'' if state_dir is None else f' --state-dir {state}'}   (another terminal)\n{text}")
+    _check(done, state)
+    assert json.loads((state / "keys.json").read_text())["keys"]
