@@ -142,3 +142,10 @@ def test_bench_refuses_counts_and_budgets_that_are_not_positive_where_it_reads_t
                         (["--num-prompts", "many"], "--num-prompts: 'many' is not a whole number")):
         result = run_kiln("bench", *flags)
         assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, flags
+
+
+def test_the_plans_capacity_row_keeps_its_band_promise_and_budget_whole() -> None:
+    result = run_kiln("plan", "--profile", "llama-3.3-70b-instruct", "--machine", "h100x8")
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("capacity (all instances)"))
+    assert "out of sample)" in row and "streams) at TTFT p90 <= " in row, row

@@ -8,7 +8,7 @@ from typing import Any
 
 def held_phrase(held: float | None) -> str:
     """A band's promise: how often bands like it held on public runs left out of their fit."""
-    return "" if held is None else f"; held {held:.0%} out of sample"
+    return "" if held is None else f", held {held:.0%} out of sample"  # no ";": views split the headline on it
 
 
 def held_text(band: dict[str, Any]) -> str:
