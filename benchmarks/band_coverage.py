@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from kiln.perf.simulate import percentile
+
 GOAL = 0.8
 # A class judged on fewer left-out cases is left out of kiln's table: its share would be little more than anecdote,
 # and a coarser class, judged on more, serves its plans.
@@ -76,18 +78,9 @@ class ClassBand:
         return not self.after.judged or (self.after.share or 0.0) >= GOAL
 
 
-def percentile(ordered: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    at = q * (len(ordered) - 1)
-    below = math.floor(at)
-    above = min(below + 1, len(ordered) - 1)
-    return ordered[below] + (ordered[above] - ordered[below]) * (at - below)
-
-
 def band(ratios: Sequence[float], step: int) -> tuple[float, float]:
     q, stretch = LADDER[step]
-    ordered = sorted(ratios)
-    low, high = percentile(ordered, q), percentile(ordered, 1 - q)
+    low, high = percentile(ratios, q * 100), percentile(ratios, (1 - q) * 100)
     middle, half = math.sqrt(low * high), math.log(high / low) / 2 * stretch
     return middle * math.exp(-half), middle * math.exp(half)
 
