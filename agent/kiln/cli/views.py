@@ -10,7 +10,7 @@ from kiln.cli.output import gib, table
 from kiln.hardware.model import Machine
 from kiln.profiles.schema import Profile
 from kiln.render.vllm import RenderedInstance
-from kiln.setup.headline import headline_of, held_text
+from kiln.setup.headline import capacity_clause, headline_of, held_phrase
 from kiln.setup.types import Plan
 
 
@@ -96,10 +96,10 @@ def capacity_rows(plan: Plan, cap: dict[str, Any]) -> list[list[str]]:
     if not cap["streams"]:
         return [["capacity", headline_of(cap)]]
     band = cap.get("band")
-    rows = [["capacity (all instances)", headline_of(cap).split(";")[0].removeprefix("carries ")],
+    rows = [["capacity (all instances)", capacity_clause(cap)],
             ["output tok/s there", f"{cap['output_tokens_per_s']:,.0f}" + (
                 f" (likely {band['output_tokens_per_s'][0]:,.0f} to {band['output_tokens_per_s'][1]:,.0f}"
-                f"{held_text(band)})"
+                f"{held_phrase(band.get('held'))})"
                 if band else "")],
             ["tok/s per GPU there", f"{cap['tokens_per_s_per_gpu']:,.0f}"],
             ["tok/s per user (p50)", f"{cap['tokens_per_s_per_user']:,.1f}"],
