@@ -194,7 +194,7 @@ def print_bands(held: list[HeldCase]) -> None:
                   f"{statistics.median(b.widths[index] for b in judged):.2f}x")
         yaml_lines.append(f"  {table}:")
         yaml_lines += [f"    \"{b.key}\": {{low: {b.low:.2f}, high: {b.high:.2f}, cases: {b.cases}, "
-                       f"held: {b.after.share:.2f}, judged: {b.after.judged}}}" for b in judged]
+                       f"held: {b.after.held}, judged: {b.after.judged}}}" for b in judged]
     print("\ndata/planner.yaml `bands:`")
     print("\n".join(yaml_lines))
 

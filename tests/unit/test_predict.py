@@ -331,7 +331,7 @@ def test_a_band_comes_from_the_most_specific_class_with_enough_cases(kiln: Kiln)
         return None if found is None else (found.low, found.high, found.source)
 
     few = {"low": 1.2, "high": 1.3, "cases": MIN_CASES - 1}
-    enough = {"low": 0.8, "high": 1.5, "cases": MIN_CASES, "held": 0.8, "judged": 10}
+    enough = {"low": 0.8, "high": 1.5, "cases": MIN_CASES, "held": 8, "judged": 10}
     assert band({"hopper/dense/low": few, "hopper/dense": enough}, 4) == pytest.approx(
         (80.0, 150.0, f"hopper/dense: {MIN_CASES} public cases predicted out of sample; held for 8 of 10 public "
                       "runs whose source it was fitted without"))
@@ -341,7 +341,7 @@ def test_a_band_comes_from_the_most_specific_class_with_enough_cases(kiln: Kiln)
     assert band({"hopper/dense/low": few}, 4) is None
     # A model of a family the corpus lacks takes the bands judged leaving out whole families.
     unknown = band({"hopper/dense": enough}, 4, families=("llama",), new_family={"hopper/dense": {
-        "low": 0.5, "high": 2.0, "cases": MIN_CASES, "held": 0.7, "judged": 20}})
+        "low": 0.5, "high": 2.0, "cases": MIN_CASES, "held": 14, "judged": 20}})
     assert unknown is not None and unknown[:2] == pytest.approx((50.0, 200.0))
     assert "held for 14 of 20 public runs whose model family it was fitted without" in unknown[2]
     assert band({"hopper/dense": enough}, 4, families=("llama",)) is None

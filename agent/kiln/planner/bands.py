@@ -58,8 +58,10 @@ def band_for(plan: Plan, profile: Profile, workload: Workload, predicted: float,
         found = table.get(key)
         if found and found["cases"] >= MIN_CASES:
             held, judged = found.get("held"), found.get("judged")
-            promise = "" if held is None or not judged else (
-                f"; held for {round(held * judged)} of {judged} public runs whose {left_out} it was fitted without")
+            judged_on = held is not None and bool(judged)
+            promise = f"; held for {held} of {judged} public runs whose {left_out} it was fitted without" if judged_on \
+                else ""
             return Band(predicted * found["low"], predicted * found["high"],
-                        f"{key}: {found['cases']} public cases predicted out of sample{promise}", held)
+                        f"{key}: {found['cases']} public cases predicted out of sample{promise}",
+                        held / judged if judged_on else None)
     return None

@@ -267,7 +267,8 @@ def capacity_report(cap: Capacity, band: Band | None) -> dict[str, Any]:
     if band is not None and cap.output_tokens_per_s:
         low, high = band.low / cap.output_tokens_per_s, band.high / cap.output_tokens_per_s
         figures["band"] = {"requests_per_s": [round(cap.requests_per_s * low, 3), round(cap.requests_per_s * high, 3)],
-                           "output_tokens_per_s": [round(band.low, 1), round(band.high, 1)], "held": band.held,
+                           "output_tokens_per_s": [round(band.low, 1), round(band.high, 1)],
+                           "held": band.as_dict()["held"],
                            "source": band.source}
     return figures
 

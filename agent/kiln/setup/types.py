@@ -74,7 +74,8 @@ class Band:
     held: float | None = None  # the share of public cases, left out of its fit, that landed inside
 
     def as_dict(self) -> dict[str, Any]:
-        return {"low": round(self.low, 1), "high": round(self.high, 1), "held": self.held, "source": self.source}
+        held = None if self.held is None else round(self.held, 3)
+        return {"low": round(self.low, 1), "high": round(self.high, 1), "held": held, "source": self.source}
 
     def promise(self) -> str:
         """How often a band like it held on cases it was not fitted on."""
