@@ -530,3 +530,14 @@ def test_a_runtime_file_changed_outside_kiln_is_written_again_from_the_agents_re
     layout.runtime_file.write_bytes(b"\xff\xfe")
     assert parts.restore_runtime() == "unreadable (UnicodeDecodeError)"
     assert layout.runtime_file.read_text() == written
+
+
+def test_a_clean_reload_clears_only_a_reloads_fault() -> None:
+    state = AgentState(endpoint="", health="", keys_file="")
+    state.fail("reload: kiln.yaml: max_model_len: not a number", "write a number", origin="reload")
+    state.recovered("reload")
+    assert state.last_error is None
+    state.fail("tls: the certificate cannot be read", "check the file")
+    state.recovered("reload")
+    assert state.last_error is not None and state.last_error.what.startswith("tls: ")
+    assert state.status()["last_error"]["error"].startswith("tls: ")

@@ -59,7 +59,6 @@ from kiln.serve.reports.state import DETECTING, DOWNLOADING, JOINING, PLANNING, 
 from kiln.serve.reports.telemetry import gpu_telemetry
 from kiln.wiring import Kiln
 
-RELOAD_FAULT = "reload: "  # how a reload's fault begins on /status, so that a clean reload clears it
 log = logging.getLogger("kiln.agent")
 METER_INTERVAL_S = 5.0
 LOOP_S = 0.2  # how soon a reload (SIGHUP) is acted on
@@ -473,20 +472,20 @@ class Agent:
         if resolved.problems:  # left out; the rest applies, and /status says what was left out
             first = resolved.problems[0]
             where = f"{first.source}: {first.field}" if first.field else first.source
-            self.state.fail(f"{RELOAD_FAULT}{where}: {first.what}" + (f" (and {len(resolved.problems) - 1} more in the "
-                            "journal)" if len(resolved.problems) > 1 else ""), first.fix)
+            self.state.fail(f"reload: {where}: {first.what}" + (f" (and {len(resolved.problems) - 1} more in the "
+                            "journal)" if len(resolved.problems) > 1 else ""), first.fix, origin="reload")
         report: dict[str, object] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "changed": [],
                                      "seconds": 0.0, "planned": False, "rolling": None}
         try:
             changed = self.endpoint.reload(resolved)
         except KilnError as exc:  # nginx refused the change, or the key store cannot be read: nothing changed
             log.error("reload: %s (fix: %s)", exc.what, exc.fix)
-            self.state.fail(f"{RELOAD_FAULT}{exc.what}", exc.fix)
+            self.state.fail(f"reload: {exc.what}", exc.fix, origin="reload")
             self.state.reload = {**report, "seconds": round(time.monotonic() - started, 3), "planned": True,
                                  "error": {"what": exc.what, "fix": exc.fix}}
             return
         if not resolved.problems:  # an earlier reload's fault no longer holds; a new one is reported below
-            self.state.recovered(RELOAD_FAULT)
+            self.state.recovered("reload")
         self._check_runtime_file()
         # Keys and certificate are in force now; the plan is read next (the Hub may be asked).
         report |= {"changed": changed, "seconds": round(time.monotonic() - started, 3)}
@@ -518,7 +517,7 @@ class Agent:
             what, fix = decision.failure or ("no plan", "")
             log.error("reload: the new choice cannot be served: %s (fix: %s); the current plan keeps serving",
                       what, fix)
-            self.state.fail(f"{RELOAD_FAULT}{what}; the current plan keeps serving", fix)
+            self.state.fail(f"reload: {what}; the current plan keeps serving", fix, origin="reload")
             return None
         caches = self._caches_for(decision)
         decision.render(caches.runtime(self._runtime))

@@ -22,6 +22,7 @@ class Fault:
     what: str
     fix: str
     at: str
+    origin: str = ""  # what reported it ("reload"), so that the same part can say it is over
 
     def as_dict(self) -> dict[str, str]:
         return {"error": self.what, "fix": self.fix, "at": self.at}
@@ -63,16 +64,16 @@ class AgentState:
         with self._lock:
             self.phase = phase
 
-    def fail(self, what: str, fix: str, *, fatal: bool = False) -> None:
+    def fail(self, what: str, fix: str, *, fatal: bool = False, origin: str = "") -> None:
         with self._lock:
-            self.last_error = Fault(what, fix, _now_text())
+            self.last_error = Fault(what, fix, _now_text(), origin)
             if fatal:
                 self.phase = FAILED
 
-    def recovered(self, prefix: str) -> None:
-        """The fault starting with `prefix` is over (a later reload applied cleanly): /status stops showing it."""
+    def recovered(self, origin: str) -> None:
+        """The fault `origin` reported is over (a later reload applied cleanly): /status stops showing it."""
         with self._lock:
-            if self.last_error is not None and self.last_error.what.startswith(prefix):
+            if self.last_error is not None and self.last_error.origin == origin:
                 self.last_error = None
 
     def current_phase(self) -> str:
