@@ -66,6 +66,30 @@ def test_a_full_kv_cache_bounds_admission() -> None:
     assert out.peak_running <= 4
 
 
+class Counted:
+    """A step costs 10 ms, whatever is in it; counts how many times it was asked."""
+
+    name = "counted"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def seconds(self, step: Step) -> float:
+        self.asked += 1
+        return 0.010
+
+
+def test_decoding_that_leaves_no_room_for_the_next_prompt_is_taken_in_jumps() -> None:
+    """While the KV cache cannot take the next prompt, nothing changes until a request finishes: those decode steps
+    are priced together, not one by one, and take as long."""
+    limits = Limits(max_num_seqs=256, max_num_batched_tokens=8192, kv_tokens=3 * 120 + 20)  # 3 whole requests
+    model = Counted()
+    out = simulate(model, limits, Load(100, 20, num_prompts=9, concurrency=9))
+    assert out.completed == 9 and out.peak_running == 3 and out.preemptions == 0
+    assert out.duration_s == pytest.approx(out.steps * 0.010)
+    assert model.asked < out.steps / 4, (model.asked, out.steps)
+
+
 def test_decoding_past_the_kv_cache_preempts_the_newest_and_recomputes_it() -> None:
     limits = Limits(max_num_seqs=256, max_num_batched_tokens=8192, kv_tokens=2 * 100 + 60)
     out = simulate(Linear(), limits, Load(100, 100, num_prompts=2, concurrency=2))

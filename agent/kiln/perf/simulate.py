@@ -274,10 +274,15 @@ class _Engine:
         self.out.itl.append((dt, self.decoding_n * steps))
 
     def _can_admit(self) -> bool:
-        if not self.waiting:
+        """Whether the next step would admit the first waiting request, by `admit`'s own rules while only decoding
+        runs: until a request finishes, decoding only fills the KV cache, so a prompt refused now stays refused."""
+        if not self.waiting or self.decoding_n + len(self.prefilling) >= self.limits.max_num_seqs:
             return False
-        return self.decoding_n + len(self.prefilling) < self.limits.max_num_seqs and (
-            self.kv_used() + 1 <= self.limits.kv_tokens)
+        r, reserved = self.waiting[0], self.decoding_n * self.tokens_per_seq
+        if reserved >= self.limits.max_num_batched_tokens:
+            return False
+        done = r.done or (min(self.load.prefix_len, r.prompt - 1) if self.shared_prefix else 0)
+        return self.kv_used() + reserved + (r.prompt - done) <= self.limits.kv_tokens
 
 
 def simulate(model: StepModel, limits: Limits, load: Load, drafting: Drafting | None = None,
