@@ -45,6 +45,28 @@ def test_streams_double_until_the_budget_breaks_then_bisect() -> None:
     assert find_streams(lambda w: fake(100, 20), BUDGET, ceiling=100)[0] == 100  # the ceiling bounds the search
 
 
+@pytest.mark.parametrize(("limit", "start", "answer", "probes"), [
+    (37, 35, 35, 1), (33, 35, 32, 1), (37, 32, 35, None), (20, 35, 19, None)])
+def test_a_search_started_at_a_known_probe_tries_its_neighbours_first(limit: int, start: int, answer: int,
+                                                                      probes: int | None) -> None:
+    """Where the probe at `start` is already known (another setup's answer), one more probe settles an answer at
+    or just below it; elsewhere the search gallops on, to the answer a search from one stream finds."""
+    asked: list[int] = []
+
+    def probe(w: Workload) -> Forecast:
+        assert w.concurrency is not None
+        asked.append(w.concurrency)
+        return fake(100 if w.concurrency <= limit else 900, 20)
+
+    known = {start: fake(100 if start <= limit else 900, 20)}
+    streams, at = find_streams(probe, BUDGET, ceiling=4096, start=start, known=known)
+    made = list(asked)
+    assert streams == answer == find_streams(probe, BUDGET, ceiling=4096)[0] and at is not None
+    assert start not in made
+    if probes is not None:
+        assert len(made) == probes, made
+
+
 def test_the_rate_is_bisected_below_what_the_streams_complete() -> None:
     rate, at = find_rate(lambda w: fake(100 if (w.request_rate or 0) <= 3.3 else 900, 20), BUDGET, high=5.0)
     assert at is not None and 3.3 * 0.97 <= rate <= 3.3

@@ -15,7 +15,7 @@ but left out of the latencies (a steady load, as GuideLLM measures after its war
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
@@ -103,12 +103,13 @@ def stream_grid(ceiling: int, anchors: tuple[int, ...] = ()) -> list[int]:
 
 
 def find_streams(probe: Callable[[Workload], V], workload: Workload, ceiling: int, start: int = 1,
-                 anchors: tuple[int, ...] = ()) -> tuple[int, V | None]:
+                 anchors: tuple[int, ...] = (), known: Mapping[int, V] | None = None) -> tuple[int, V | None]:
     """The most streams on the grid whose probe (a forecast, or a measurement) meets the budget: galloping from
     `start` (up while it holds, down while it breaks), then bisecting between the last that held and the first
-    that broke."""
+    that broke. `known` holds probes already made, by stream count; where it has `start`'s, the answer is likely
+    near it, so the neighbouring count is tried before galloping (and, below it, a single stream)."""
     grid = stream_grid(ceiling, anchors)
-    seen: dict[int, V] = {}
+    seen: dict[int, V] = {grid.index(n): v for n, v in (known or {}).items() if n in grid}
 
     def meets(i: int) -> bool:
         if i not in seen:
@@ -122,8 +123,11 @@ def find_streams(probe: Callable[[Workload], V], workload: Workload, ceiling: in
         return next((k for k in range(j - 1, -1, -1) if grid[k] <= grid[j] // 2), -1)
 
     i = min(range(len(grid)), key=lambda j: abs(grid[j] - start))
+    near = i in seen
     if meets(i):
         good, bad = i, len(grid)
+        if near and i + 1 < len(grid) and not meets(i + 1):
+            return grid[i], seen[i]
         while (nxt := up(good)) < len(grid) and meets(nxt):
             good = nxt
         if nxt < len(grid):
@@ -134,6 +138,10 @@ def find_streams(probe: Callable[[Workload], V], workload: Workload, ceiling: in
             bad = len(grid) - 1
     else:
         good, bad = -1, i
+        if near and i > 0 and meets(i - 1):
+            return grid[i - 1], seen[i - 1]
+        if near and not meets(0):  # a setup that misses alone, as the slowest do, is settled in one more probe
+            return 0, None
         while (prv := down(bad)) >= 0 and not meets(prv):
             bad = prv
         if prv >= 0:
@@ -170,13 +178,15 @@ def find_rate(probe: Probe, workload: Workload, high: float) -> tuple[float, For
 
 
 def capacity(probe: Probe, workload: Workload, gpus: int, slots: int, *, with_rate: bool = True,
-             start: int = 1, streams_found: Capacity | None = None) -> Capacity:
+             start: int = 1, streams_found: Capacity | None = None,
+             known: Mapping[int, Forecast] | None = None) -> Capacity:
     """`workload`'s budget held at the most load: streams first (or those of `streams_found`), then (with_rate)
-    the Poisson rate below the rate those streams complete. `slots` are the engines' sequences at once."""
+    the Poisson rate below the rate those streams complete. `slots` are the engines' sequences at once; `known`,
+    forecasts already made at some stream counts."""
     if streams_found is not None:
         streams, at_streams = streams_found.streams, streams_found.at_streams
     else:
-        streams, at_streams = find_streams(probe, workload, streams_ceiling(slots), start, (slots,))
+        streams, at_streams = find_streams(probe, workload, streams_ceiling(slots), start, (slots,), known)
     rate, at_rate = 0.0, None
     if at_streams is not None and with_rate:
         rate, at_rate = find_rate(probe, workload, at_streams.requests_per_s)

@@ -10,11 +10,11 @@ Each setup's capacity is a search of simulated loads (kiln.perf.capacity), so th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kiln.perf.capacity import Capacity, capacity, ranking, streams_load
-from kiln.perf.predict import forecast
+from kiln.perf.predict import Forecast, forecast
 from kiln.perf.steps import StepModel
 from kiln.perf.workload import Workload
 from kiln.planner.explain import SHOWN, Option
@@ -42,9 +42,10 @@ def slots(plan: Plan) -> int:
 
 
 def capacity_of(plan: Plan, workload: Workload, gpus: int, c: Constants, steps: StepModel,
-                with_rate: bool = True, streams_found: Capacity | None = None, start: int = 1) -> Capacity:
+                with_rate: bool = True, streams_found: Capacity | None = None, start: int = 1,
+                known: Mapping[int, Forecast] | None = None) -> Capacity:
     return capacity(lambda w: forecast(plan, w, steps, c), workload, gpus, slots(plan), with_rate=with_rate,
-                    streams_found=streams_found, start=start)
+                    streams_found=streams_found, start=start, known=known)
 
 
 def carried(options: Sequence[Option], workload: Workload, gpus: int, c: Constants, steps_for: StepsFor
@@ -57,13 +58,15 @@ def carried(options: Sequence[Option], workload: Workload, gpus: int, c: Constan
         if option.forecast.requests_per_s < best:
             continue
         plan = option.plan
+        start, known = max((x.capacity.streams for x in found), default=1), {}  # the search starts near the answers
         if leader is not None and leader.capacity.met:
-            there = forecast(plan, streams_load(workload, leader.capacity.streams), steps_for(plan), c)
+            start = leader.capacity.streams
+            there = forecast(plan, streams_load(workload, start), steps_for(plan), c)
             if not there.meets(workload) and there.requests_per_s <= best:
                 continue
-        start = max((x.capacity.streams for x in found), default=1)  # the search starts near the answers so far
+            known = {start: there}
         found.append(Carried(option, capacity_of(plan, workload, gpus, c, steps_for(plan), with_rate=False,
-                                                 start=start)))
+                                                 start=start, known=known)))
     return sorted(found, key=lambda x: ranking(x.capacity), reverse=True)
 
 
