@@ -136,9 +136,10 @@ def test_choice_with_an_unknown_profile_falls_back_and_says_why(tmp_path: Path) 
 
 def test_bench_refuses_counts_and_budgets_that_are_not_positive_where_it_reads_them() -> None:
     for flags, said in ((["--capacity", "--capacity-ceiling", "-5"], "--capacity-ceiling: '-5' is not a whole number"),
-                        (["--slo-ttft-ms", "nan"], "--slo-ttft-ms: 'nan' is not a number above 0"),
+                        (["--slo-ttft-ms", "nan"], "--slo-ttft-ms: 'nan' is not a number"),
+                        (["--slo-ttft-ms", "1e400"], "--slo-ttft-ms: '1e400' is not a finite number"),
                         (["--slo-tpot-ms", "0"], "--slo-tpot-ms: '0' is not a number above 0"),
-                        (["--price-per-hour", "inf"], "--price-per-hour: 'inf' is not a number above 0"),
+                        (["--price-per-hour", "inf"], "--price-per-hour: 'inf' is not a finite number"),
                         (["--num-prompts", "many"], "--num-prompts: 'many' is not a whole number")):
         result = run_kiln("bench", *flags)
         assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, flags
