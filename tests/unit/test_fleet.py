@@ -187,9 +187,13 @@ def test_up_and_scale_by_demand_use_the_droplets_own_capacity(tmp_path: Path) ->
         assert sized["droplets"] == option["droplets"] == len(state.droplets) >= 2
         assert sized["capacity_requests_per_s"] == option["capacity_requests_per_s"]
         assert f"carry 40 requests/s: each carries {option['capacity_requests_per_s']:,.2f}" in done.stderr
+        before = len(state.requests)
         fewer = fleet(url, "scale", "demo", "--demand", str(option["capacity_requests_per_s"] / 2), "--user-data",
                       str(tmp_path / "user-data.yaml"), "--yes", "--json")
         assert fewer.returncode == 0, fewer.stderr
+        listed = [r for r in state.requests[before:] if r.method == "GET" and r.path == "/v2/droplets"
+                  and r.query.get("tag_name") == "kiln-fleet:demo"]
+        assert len(listed) == 1, "the fleet is read once: its droplets' size sizes the demand, and the change"
         assert len(state.droplets) == 1 and json.loads(fewer.stdout)["sized_by_demand"]["droplets"] == 1
         neither = fleet(url, "scale", "demo", "--yes")
         assert neither.returncode != 0 and "a count, or --demand" in neither.stderr

@@ -110,16 +110,20 @@ def cmd_fleet(_kiln: None, args: argparse.Namespace) -> int:
     elif args.action == "scale":
         user_data = args.user_data.read_text(encoding="utf-8") if args.user_data else ""
         spec = FleetSpec(args.name, user_data=user_data, image=args.image or "")
-        count = args.count
-        if (count is None) == (args.demand is None and args.users is None):
+        if (args.count is None) == (args.demand is None and args.users is None):
             raise KilnError("give the fleet's new size: a count, or --demand R or --users N",
                             fix=f"e.g. `kiln fleet scale {args.name} 4`, or `--demand 20 --user-data FILE`")
-        if count is None:
-            if not user_data:
-                raise KilnError("sizing by demand plans what the droplets serve, which the user-data says",
-                                fix="pass the fleet's --user-data FILE")
-            count, sized = _sized_by_demand(ops.fleet_size(api, spec), user_data, args)
-        result = ops.scale(api, spec, count, _confirm(args, args.name))
+        if args.count is None and not user_data:
+            raise KilnError("sizing by demand plans what the droplets serve, which the user-data says",
+                            fix="pass the fleet's --user-data FILE")
+        by_demand: dict[str, Any] = {}
+
+        def count_for(size_slug: str) -> int:  # the fleet's droplet size, from the one read of the fleet
+            droplets, by_demand["sized"] = _sized_by_demand(size_slug, user_data, args)
+            return droplets
+
+        result = ops.scale(api, spec, args.count if args.count is not None else count_for, _confirm(args, args.name))
+        sized = by_demand.get("sized")
     elif args.action == "down":
         result = ops.down(api, FleetSpec(args.name), _confirm(args, args.name))
     else:

@@ -114,21 +114,16 @@ def up(api: Api, spec: FleetSpec, confirm: Confirm) -> dict[str, Any]:
     return _change(api, spec, changes, existing, confirm)
 
 
-def fleet_size(api: Api, spec: FleetSpec) -> str:
-    """The droplet size of the fleet's droplets (its first's: they are all made alike)."""
-    existing = read(api, spec)
-    if not existing.droplets:
-        raise ConfigError(f"fleet {spec.name} has no droplets to scale", fix=f"create it with `kiln fleet up --name "
-                          f"{spec.name} ...`")
-    return str(existing.droplets[0]["size_slug"])
-
-
-def scale(api: Api, spec: FleetSpec, count: int, confirm: Confirm) -> dict[str, Any]:
+def scale(api: Api, spec: FleetSpec, count: int | Callable[[str], int], confirm: Confirm) -> dict[str, Any]:
+    """The fleet at `count` droplets, or at the count a function of its droplets' size gives (sizing by demand),
+    from one read of the fleet."""
     existing = read(api, spec)
     if not existing.droplets:
         raise ConfigError(f"fleet {spec.name} has no droplets to scale", fix=f"create it with `kiln fleet up --name "
                           f"{spec.name} ...`")
     first = existing.droplets[0]  # new droplets match the fleet's: its size, region, image and network
+    if callable(count):
+        count = count(str(first["size_slug"]))
     spec = replace(spec, size=first["size_slug"], count=count, region=first["region"]["slug"],
                    image=spec.image or str(first.get("image", {}).get("id", "")), vpc_uuid=first.get("vpc_uuid"))
     changes = changes_for(spec, existing.droplets, True, True, count)
