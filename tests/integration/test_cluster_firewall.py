@@ -72,7 +72,8 @@ def test_the_cluster_ports_open_to_the_vpc_only_and_ssh_stays_open(tmp_path: Pat
                 servers.append(subprocess.Popen(in_namespace(PAIR.namespaces[0], [
                     sys.executable, "-m", "http.server", str(port), "--bind", PAIR.addresses[0],
                     "--directory", str(tmp_path)]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            assert _wait_reaches(PAIR.addresses[1], SSH), "the test's servers did not start"
+            assert all(_wait_listening(port) for port in (PEER, MASTER, EPHEMERAL, CLOSED, SSH)), \
+                "the test's servers did not start"
             seen = {(source, port): _reaches(source, port) for source in (PAIR.addresses[1], OUTSIDE)
                     for port in (PEER, MASTER, EPHEMERAL, CLOSED)}
             ssh_from_outside = _reaches(OUTSIDE, SSH)
@@ -89,10 +90,13 @@ def test_the_cluster_ports_open_to_the_vpc_only_and_ssh_stays_open(tmp_path: Pat
     assert not namespaces_left(PAIR)
 
 
-def _wait_reaches(source: str, port: int, tries: int = 50) -> bool:
-    """True once the servers listen (each is a Python start-up away)."""
+def _wait_listening(port: int, tries: int = 100) -> bool:
+    """True once the server on `port` answers inside its own namespace, where the firewall lets everything through
+    (each server is a Python start-up away, slower while other work shares the cores)."""
+    argv = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-m", "2", f"http://{PAIR.addresses[0]}:{port}/"]
     for _ in range(tries):
-        if _reaches(source, port):
+        done = subprocess.run(in_namespace(PAIR.namespaces[0], argv), capture_output=True, text=True, check=False)
+        if done.stdout == "200":
             return True
         time.sleep(0.2)
     return False
