@@ -149,11 +149,9 @@ class _Engine:
             if self.decoding_n + len(self.prefilling) >= self.limits.max_num_seqs:
                 break
             r = self.waiting[0]
-            if self.shared_prefix and r.done == 0:
-                r.done = min(self.load.prefix_len, r.prompt - 1)  # vLLM always computes the last prompt token
-                r.own = r.prompt - r.done
-            if self.kv_used() + reserved + (r.prompt - r.done) > self.limits.kv_tokens and (
-                    self.decoding_n or self.prefilling):
+            if r.done == 0 and (found := self._found_cached(r)):
+                r.done, r.own = found, r.prompt - found
+            if not self._fits(r, reserved) and (self.decoding_n or self.prefilling):
                 break
             chunk = min(r.prompt - r.done, budget)
             self.waiting.popleft()
@@ -161,6 +159,15 @@ class _Engine:
             chunks.append((r, chunk))
             budget -= chunk
             reserved += r.prompt - r.done
+
+    def _found_cached(self, r: _Request) -> int:
+        """Prompt tokens `r` has in the KV cache when admitted: its own so far, or else the cached shared prefix
+        (vLLM always computes the last prompt token)."""
+        return r.done or (min(self.load.prefix_len, r.prompt - 1) if self.shared_prefix else 0)
+
+    def _fits(self, r: _Request, reserved: float) -> bool:
+        """Whether the KV cache holds `r`'s whole prompt beside what is in it and `reserved` for this step."""
+        return self.kv_used() + reserved + (r.prompt - self._found_cached(r)) <= self.limits.kv_tokens
 
     def preempt_for(self, growth: float) -> None:
         """Free KV for this step's growth by sending the newest decoding requests back to wait."""
@@ -278,11 +285,8 @@ class _Engine:
         runs: until a request finishes, decoding only fills the KV cache, so a prompt refused now stays refused."""
         if not self.waiting or self.decoding_n + len(self.prefilling) >= self.limits.max_num_seqs:
             return False
-        r, reserved = self.waiting[0], self.decoding_n * self.tokens_per_seq
-        if reserved >= self.limits.max_num_batched_tokens:
-            return False
-        done = r.done or (min(self.load.prefix_len, r.prompt - 1) if self.shared_prefix else 0)
-        return self.kv_used() + reserved + (r.prompt - done) <= self.limits.kv_tokens
+        reserved = self.decoding_n * self.tokens_per_seq
+        return reserved < self.limits.max_num_batched_tokens and self._fits(self.waiting[0], reserved)
 
 
 def simulate(model: StepModel, limits: Limits, load: Load, drafting: Drafting | None = None,
