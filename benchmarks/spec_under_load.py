@@ -30,6 +30,7 @@ class Judged:
     id: str
     setup: str
     load: str
+    concurrency: int
     measured_gain: float
     kiln_gain: float | None
     measured_off: float | None  # the half without drafts, where the source gives it (its metric)
@@ -78,7 +79,8 @@ def judge(kiln: Kiln, pair: dict[str, Any]) -> Judged:
     gain = on.kiln / off.kiln if on.kiln and off.kiln and not problem else None
     profile = model_profile(kiln, pair["base"]["model"], pair["base"]["precision"])
     moe = not isinstance(profile, str) and profile.architecture.moe is not None
-    return Judged(pair["id"], setup, load, measured, gain, m.get("plain"), off.kiln, moe, problem)
+    return Judged(pair["id"], setup, load, int(w["concurrency"]), measured, gain, m.get("plain"), off.kiln, moe,
+                  problem)
 
 
 def report(judged: list[Judged]) -> str:

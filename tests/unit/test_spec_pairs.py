@@ -38,7 +38,7 @@ def test_dense_models_gain_from_drafts_about_as_measured_at_64_and_128_requests(
     for j in dense:
         by_setup.setdefault(j.setup, []).append(j)
     for runs in by_setup.values():
-        runs.sort(key=lambda j: int(j.load.rsplit(" ", 1)[1]))
+        runs.sort(key=lambda j: j.concurrency)
         first, last = runs[0], runs[-1]
         assert first.kiln_gain and last.kiln_gain and first.kiln_gain > last.kiln_gain
         assert first.measured_gain > last.measured_gain

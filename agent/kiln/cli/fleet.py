@@ -116,14 +116,13 @@ def cmd_fleet(_kiln: None, args: argparse.Namespace) -> int:
         if args.count is None and not user_data:
             raise KilnError("sizing by demand plans what the droplets serve, which the user-data says",
                             fix="pass the fleet's --user-data FILE")
-        by_demand: dict[str, Any] = {}
 
         def count_for(size_slug: str) -> int:  # the fleet's droplet size, from the one read of the fleet
-            droplets, by_demand["sized"] = _sized_by_demand(size_slug, user_data, args)
+            nonlocal sized
+            droplets, sized = _sized_by_demand(size_slug, user_data, args)
             return droplets
 
         result = ops.scale(api, spec, args.count if args.count is not None else count_for, _confirm(args, args.name))
-        sized = by_demand.get("sized")
     elif args.action == "down":
         result = ops.down(api, FleetSpec(args.name), _confirm(args, args.name))
     else:
