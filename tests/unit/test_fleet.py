@@ -199,3 +199,7 @@ def test_up_and_scale_by_demand_use_the_droplets_own_capacity(tmp_path: Path) ->
         assert neither.returncode != 0 and "a count, or --demand" in neither.stderr
         blind = fleet(url, "scale", "demo", "--demand", "40", "--yes")
         assert blind.returncode != 0 and "--user-data" in blind.stderr
+        asked = len(state.requests)
+        bad = fleet(url, "scale", "demo", "--demand", "nan", "--user-data", str(tmp_path / "user-data.yaml"), "--yes")
+        assert bad.returncode != 0 and "must be a number above 0" in bad.stderr and "Traceback" not in bad.stderr
+        assert len(state.requests) == asked, "a demand that cannot be sized is refused before the fleet is read"

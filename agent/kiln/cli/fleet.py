@@ -116,6 +116,8 @@ def cmd_fleet(_kiln: None, args: argparse.Namespace) -> int:
         if args.count is None and not user_data:
             raise KilnError("sizing by demand plans what the droplets serve, which the user-data says",
                             fix="pass the fleet's --user-data FILE")
+        if args.count is None:
+            check_demand(args)  # before the fleet is read: a demand that cannot be sized asks nothing of the API
 
         def count_for(size_slug: str) -> int:  # the fleet's droplet size, from the one read of the fleet
             nonlocal sized
