@@ -10,7 +10,8 @@ import pytest
 from tests.conftest import Planned
 from tests.unit.test_planner import SAMPLE_FIXTURES
 
-from kiln.choice.schema import Choice, Quantization
+from kiln.choice.items import Quantization
+from kiln.choice.schema import Choice
 from kiln.hardware.model import Machine
 from kiln.planner.plan import fit_plans
 from kiln.planner.search import make_plan

@@ -22,7 +22,7 @@ TOKEN = "dop_v1_" + "0" * 64
 # A tag for each refused field, with a value the owner's sources would accept.
 TAGS = {"api_key": f"kiln-api-key:{KEY}", "api_keys": f"kiln-api-keys:{{ci: {KEY}}}",
         "hf_token": "kiln-hf-token:hf_" + "k" * 34, "do_token": f"kiln-do-token:{TOKEN}", "tls": "kiln-tls:off",
-        "trust_remote_code": "kiln-trust-remote-code:true"}
+        "trust_remote_code": "kiln-trust-remote-code:true", "models": "kiln-models:[qwen3-8b]"}
 
 
 def test_the_docs_table_is_the_codes() -> None:

@@ -21,6 +21,7 @@ from kiln.choice.userdata import KILN_FILE, extract_settings
 from kiln.validation import YamlError, parse_yaml
 
 TAG_PREFIX = "kiln-"
+WHAT_TO_SERVE = ("profile", "model", "models")
 TAG_ALIASES = {"tp": "tensor_parallel_size", "speculative": "speculative_decoding", "kv_cache": "kv_cache_dtype"}
 
 
@@ -90,17 +91,19 @@ def layers_from_inputs(raw: RawInputs) -> list[Layer]:
 
 
 def merge(layers: Sequence[Layer], read_problems: Sequence[Problem] = ()) -> ResolvedChoice:
-    """Later layers override earlier ones field by field. Setting `profile` clears an earlier `model`."""
+    """Later layers override earlier ones field by field. Setting `profile`, `model` or `models` clears the
+    others an earlier layer set."""
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
     problems: list[Problem] = list(read_problems)
     for layer in layers:
         problems.extend(layer.problems)
         for key, value in layer.values.items():
-            if key in ("profile", "model"):
-                other = "model" if key == "profile" else "profile"
-                values.pop(other, None)
-                origins.pop(other, None)
+            if key in WHAT_TO_SERVE:  # a later source's model replaces, never mixes with, an earlier one's
+                for other in WHAT_TO_SERVE:
+                    if other != key:
+                        values.pop(other, None)
+                        origins.pop(other, None)
             values[key] = value
             origins[key] = layer.source
     for problem in drop_shared_keys(values, lambda key: origins.get(key, "")):  # one key from two sources

@@ -10,13 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kiln.perf.workload import WorkloadSpec
+from kiln.choice.items import MAX_MODELS, MODEL_HINTS, ModelItem, ModelSettings
 from kiln.validation import message
-
-Objective = Literal["throughput", "latency"]
-Quantization = Literal["auto", "bf16", "fp8", "nvfp4", "mxfp4"]
-KvCacheDtype = Literal["auto", "fp8"]
-
 
 KEY_NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 KEY_SECRET = r"^[A-Za-z0-9._~+\-]+$"
@@ -91,35 +86,22 @@ class ClusterSetting(BaseModel):
         return self.head is not None and self.rank is not None
 
 
-class Choice(BaseModel):
-    """The user's settings; every field optional, None meaning 'kiln decides'."""
+class Choice(ModelSettings):
+    """The user's settings; every field optional, None meaning 'kiln decides'. The model's own settings are those
+    of ModelSettings; `models:` lists several models instead, each with its own."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    profile: str | None = Field(default=None, min_length=1, max_length=128)
-    model: str | None = Field(default=None, min_length=1, max_length=4096)
-    revision: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._\-/]+$")
-    objective: Objective | None = None
-    max_model_len: int | None = Field(default=None, ge=256, le=10_000_000)
-    instances: int | None = Field(default=None, ge=1, le=64)
-    tensor_parallel_size: int | None = Field(default=None, ge=1, le=64)
-    data_parallel_size: int | None = Field(default=None, ge=1, le=64)
-    expert_parallel: bool | None = None
-    quantization: Quantization | None = None
-    kv_cache_dtype: KvCacheDtype | None = None
-    speculative_decoding: bool | None = None
-    # vLLM takes any fraction in (0, 1] (vllm/config/cache.py, gt=0): a small one shares a GPU between processes.
-    # Whether the weights and a cache fit in it is the planner's to say, with its reason.
-    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=0.98)
     api_key: str | None = Field(default=None, min_length=16, max_length=256, pattern=r"^[A-Za-z0-9._~+\-]+$")
     hf_token: str | None = Field(default=None, min_length=8, max_length=256, pattern=r"^[A-Za-z0-9_\-]+$")
     price_per_hour: float | None = Field(default=None, ge=0, le=10_000)
     api_keys: dict[str, NamedKey] | None = Field(default=None, max_length=256)
     tls: TlsSetting | None = None
-    workload: WorkloadSpec | None = None
     cluster: ClusterSetting | None = None
     do_token: str | None = Field(default=None, min_length=16, max_length=256, pattern=r"^[A-Za-z0-9_\-]+$")
-    trust_remote_code: bool | None = None  # run the model repository's own code; None: as the catalog's profile says
+    models: tuple[ModelItem, ...] | None = Field(default=None, min_length=1, max_length=MAX_MODELS)
+
+    def model_settings(self) -> ModelSettings:
+        """The one-model settings given at the top level: what every item of `models:` starts from."""
+        return ModelSettings(**{k: getattr(self, k) for k in ModelSettings.model_fields})
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -144,12 +126,6 @@ class Choice(BaseModel):
         if value is True:
             return "self-signed"
         return value
-
-    @field_validator("workload", mode="before")
-    @classmethod
-    def _workload_preset(cls, value: Any) -> Any:
-        """`workload: chat` names a preset."""
-        return {"preset": value} if isinstance(value, str) else value
 
 
 def tls_summary(tls: TlsSetting | None) -> str:
@@ -190,6 +166,7 @@ HINTS: dict[str, str] = {
                "or {name: NAME, nodes: N, head: HEAD_PRIVATE_IP, rank: R}",
     "do_token": "a read-only DigitalOcean API token (droplet:read), to find the cluster's nodes by tag",
     "trust_remote_code": "true to run the model repository's own code (vLLM's --trust-remote-code); only the owner may",
+    **MODEL_HINTS,
 }
 
 
@@ -243,6 +220,12 @@ def validate_fields(data: Any, *, source: str) -> Layer:
             continue
         if value is None:
             continue
+        if key == "models":
+            items, item_problems = validate_models(value, source=source)
+            problems.extend(item_problems)
+            if items:
+                values[key] = items
+            continue
         try:
             one = Choice.model_validate({key: value})
             values[key] = getattr(one, key)
@@ -254,8 +237,51 @@ def validate_fields(data: Any, *, source: str) -> Layer:
         problems.append(Problem(source, "model", "both profile and model are set; profile is used",
                                 "set only one of profile or model"))
         values.pop("model")
+    if values.get("models") and (values.get("profile") or values.get("model")):
+        single = "profile" if values.get("profile") else "model"
+        problems.append(Problem(source, single, f"both models and {single} are set; models is used",
+                                f"list the {single} as an item of models, or remove models"))
+        values.pop(single)
     problems.extend(drop_shared_keys(values, lambda _: source))
     return Layer(source, values, tuple(problems))
+
+
+def validate_models(data: Any, *, source: str) -> tuple[tuple[ModelItem, ...], list[Problem]]:
+    """Each valid item of `models:`; each bad one reported on its own, so the others are still served."""
+    if not isinstance(data, (list, tuple)):
+        return (), [Problem(source, "models", f"expected a list of models, got {type(data).__name__}",
+                            f"use {MODEL_HINTS['models']}")]
+    if not data:
+        return (), [Problem(source, "models", "the list is empty; no model is served from it",
+                            "list at least one model, or remove models and set profile")]
+    items: list[ModelItem] = []
+    problems: list[Problem] = []
+    for n, given in enumerate(data[:MAX_MODELS]):
+        where = f"models[{n}]"
+        raw = {"profile": given} if isinstance(given, str) else given  # `- qwen3-8b` names a profile
+        if isinstance(raw, Mapping):
+            raw = {str(k).strip().replace("-", "_"): v for k, v in raw.items() if v is not None}
+            unknown = [k for k in raw if k not in ModelItem.model_fields]
+            if unknown:
+                close = difflib.get_close_matches(unknown[0], ModelItem.model_fields, n=1)
+                problems.append(Problem(source, f"{where}.{unknown[0][:64]}", "unknown key; this model is not served",
+                                        f"did you mean `{close[0]}`?" if close else
+                                        f"known keys: {', '.join(ModelItem.model_fields)}"))
+                continue
+        try:
+            items.append(ModelItem.model_validate(raw))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            inner = ".".join(str(part) for part in first["loc"] if not str(part).startswith("function-"))
+            field = f"{where}.{inner}" if inner else where
+            secret = "key" in inner or "token" in inner
+            got = "hidden" if secret else _shown(first.get("input"))
+            problems.append(Problem(source, field, f"{message(first)} (got {got}); this model is not served",
+                                    "fix this item; the other models are served without it"))
+    if len(data) > MAX_MODELS:
+        problems.append(Problem(source, "models", f"{len(data)} models listed; kiln serves at most {MAX_MODELS} "
+                                "on one machine, and the rest are not served", "list fewer models"))
+    return tuple(items), problems
 
 
 def drop_shared_keys(values: dict[str, Any], source_of: Callable[[str], str]) -> list[Problem]:

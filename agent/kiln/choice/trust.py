@@ -40,6 +40,8 @@ PUBLIC_REFUSED: dict[str, str] = {
     "do_token": "a token in a tag is readable by anyone who can see the droplet",
     "tls": "TLS is the owner's to set: a tag could turn it off or hand it a certificate",
     "trust_remote_code": "running a repository's code is the owner's decision, not a tag's",
+    "models": "a list of models, with their adapters' sources and remote code, is the owner's to set; a tag names "
+              "one profile",
 }
 
 

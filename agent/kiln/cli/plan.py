@@ -16,7 +16,7 @@ from kiln.wiring import Kiln
 
 
 def add_arguments(_name: str, plan: argparse.ArgumentParser) -> None:
-    planargs.add_target_options(plan)
+    planargs.add_target_options(plan, config=True)
     planargs.add_setting_options(plan)
     planargs.add_workload_options(plan)
     plan.add_argument("--engine", choices=["auto", "kiln", "aiconfigurator"], default="auto",
@@ -36,12 +36,16 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
         from kiln.cli import cluster  # noqa: PLC0415 - the cluster planner loads only for a plan across machines
 
         return cluster.cmd_plan_nodes(kiln, args)
+    if args.config:
+        from kiln.cli import plan_config  # noqa: PLC0415 - the placement of several models loads only for a file
+
+        return plan_config.cmd_plan_config(kiln, args)
     machine = kiln.machine(args.machine)
     profile = kiln.profile(args.profile, args.model, revision=args.revision)
     choice = planargs.plan_choice(args)
     alternatives = sorted(kiln.fixtures(), key=lambda m: sum(g.memory_bytes for g in m.gpus))
     choosing = None
-    if planargs.workload_given(args) and not profile.cpu_only:
+    if planargs.workload_given(args) and not profile.cpu_only and profile.task == "chat":
         workload = planargs.workload_from(args)
         found = choose(machine, profile, choice, workload, kiln.constants,
                        predict.steps_for(kiln, args.engine, machine, profile), alternatives)

@@ -18,9 +18,12 @@ from kiln.validation import message
 EXIT_REFUSED = 2
 
 
-def add_target_options(p: argparse.ArgumentParser) -> None:
+def add_target_options(p: argparse.ArgumentParser, config: bool = False) -> None:
     p.add_argument("--machine", help="a fixture name or a YAML/JSON machine file (default: this machine)")
     which = p.add_mutually_exclusive_group(required=True)
+    if config:
+        which.add_argument("--config", metavar="FILE", help="a settings file (as /etc/kiln/kiln.yaml): plan it as "
+                                                            "the agent would at boot, one model or several")
     which.add_argument("--profile", help="a profile name (`kiln profiles list`)")
     which.add_argument("--model", help="a Hugging Face repository ORG/NAME (read with HF_TOKEN), or a local model "
                                        "directory with config.json")
@@ -102,10 +105,12 @@ def _rate(text: str) -> float:
         raise KilnError(f"--request-rate must be a number or inf, not {text!r}", fix="e.g. --request-rate 4") from None
 
 
+SETTING_FIELDS = ("objective", "tensor_parallel_size", "instances", "max_model_len", "gpu_memory_utilization",
+                  "kv_cache_dtype", "quantization", "data_parallel_size", "expert_parallel")
+
+
 def plan_choice(args: argparse.Namespace) -> Choice:
-    given = {k: getattr(args, k) for k in ("objective", "tensor_parallel_size", "instances", "max_model_len",
-                                           "gpu_memory_utilization", "kv_cache_dtype", "quantization",
-                                           "data_parallel_size", "expert_parallel")}
+    given = {k: getattr(args, k) for k in SETTING_FIELDS}
     if args.speculative:
         given["speculative_decoding"] = args.speculative == "on"
     layer = validate_fields({k: v for k, v in given.items() if v is not None}, source="command line")

@@ -381,7 +381,7 @@ def fit_plans(machine: Machine, profile: Profile, choice: Choice, constants: Con
     return plans
 
 
-def _served_names(profile: Profile) -> tuple[str, ...]:
+def served_names(profile: Profile) -> tuple[str, ...]:
     names = [profile.name]
     if profile.model.hf_id != profile.name and not profile.model.hf_id.startswith("/"):
         names.append(profile.model.hf_id)
@@ -410,7 +410,7 @@ def _build_plan(ctx: Context, best: Candidate, groups: list[tuple[int, ...]]) ->
     engine = EngineSettings(
         model=best.option.checkpoint.hf_id,
         revision=best.option.checkpoint.revision,
-        served_model_names=_served_names(p),
+        served_model_names=served_names(p),
         tensor_parallel_size=best.tp,
         max_model_len=best.max_model_len,
         gpu_memory_utilization=ctx.utilization,
@@ -418,17 +418,18 @@ def _build_plan(ctx: Context, best: Candidate, groups: list[tuple[int, ...]]) ->
         max_num_batched_tokens=best.max_num_batched_tokens,
         kv_cache_dtype=best.kv_dtype,
         quantization=best.option.online,
-        enable_prefix_caching=True,
+        enable_prefix_caching=p.task == "chat",  # a pooling model's cache reuse depends on its pooling; vLLM's call
         speculative_config=_speculative_json(best.speculative) if best.speculative else None,
         compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE",
                             "max_cudagraph_capture_size": _capture_size(best.max_num_seqs, per_step)},
-        tool_call_parser=p.serving.tool_call_parser,
-        reasoning_parser=p.serving.reasoning_parser,
+        tool_call_parser=p.serving.tool_call_parser if p.task == "chat" else None,
+        reasoning_parser=p.serving.reasoning_parser if p.task == "chat" else None,
         trust_remote_code=p.serving.trust_remote_code,
         extra_args=tuple(extra),
         device="cuda",
         data_parallel_size=ctx.dp,
         enable_expert_parallel=ctx.expert_parallel,
+        task=p.task,
     )
     first_port = c.get("planning", "first_instance_port")
     instances = []

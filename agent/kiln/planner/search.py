@@ -203,10 +203,26 @@ def make_plan(machine: Machine, profile: Profile, choice: Choice, c: Constants,
             return made
         plan = made[0]
         return with_forecast(plan, forecast(plan, work, steps(plan), c), work, profile, c, plan.explanation, "cpu")
+    if profile.task != "chat":
+        return pooling_plan(machine, profile, choice, c, alternatives)
     found = choose(machine, profile, choice, work, c, steps, alternatives, closest=own is None)
     if isinstance(found, Refusal):
         return found
     return plan_of(machine, profile, choice, found, work, c)
+
+
+def pooling_plan(machine: Machine, profile: Profile, choice: Choice, c: Constants,
+                 alternatives: Sequence[Machine] = ()) -> Plan | Refusal:
+    """An embedding or reranking model: the fitting setup with the most servers (each request is one forward
+    pass over its input, so servers add up). The engine models generation, not pooling: no figure is predicted."""
+    made = fit_plans(machine, profile, choice, c, alternatives)
+    if isinstance(made, Refusal):
+        return made
+    plan = max(made, key=lambda p: (len(p.instances), p.engine.max_model_len))
+    lines = [*describe(machine, profile, plan),
+             f"A {profile.task} model: kiln's engine predicts generation, not pooling, so this plan predicts no "
+             "throughput, latency or capacity; measure it with `kiln bench` against the running endpoint."]
+    return replace(plan, explanation=tuple(lines))
 
 
 def with_forecast(plan: Plan, f: Forecast, workload: Workload, profile: Profile, c: Constants,

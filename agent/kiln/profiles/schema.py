@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["bf16", "fp8", "nvfp4", "mxfp4", "int4"]
+# chat: generates (completions, chat, responses); embed and rerank: vLLM's pooling runner (embeddings; score/rerank)
+Task = Literal["chat", "embed", "rerank"]
 SpecMethod = Literal["eagle3", "eagle", "draft_model", "mtp", "deepseek_mtp", "ngram"]
 GPU_KEYS = {"hopper", "ada", "blackwell", "ampere", "cpu"}
 NAME_PATTERN = r"^[a-z0-9][a-z0-9.\-]*$"
@@ -179,6 +181,7 @@ class GpuOverride(Strict):
 class Profile(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
+    task: Task = "chat"
     model: ModelRef
     architecture: Architecture
     checkpoints: dict[Precision, Checkpoint] = Field(min_length=1)
@@ -192,6 +195,8 @@ class Profile(Strict):
 
     @model_validator(mode="after")
     def _checks(self) -> Profile:
+        if self.task != "chat" and self.speculative:
+            raise ValueError(f"a {self.task} model generates nothing, so it has no speculative decoding")
         if self.serving.max_model_len > self.architecture.max_position_embeddings:
             raise ValueError(
                 f"serving.max_model_len ({self.serving.max_model_len}) exceeds the model's "

@@ -131,7 +131,10 @@ def vllm_args(plan: Plan, instance: InstancePlan, runtime: Runtime, *, local_mod
         args += ["--kv-cache-dtype", e.kv_cache_dtype]
     if e.quantization:
         args += ["--quantization", e.quantization]
-    args.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
+    if e.task == "chat":
+        args.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
+    else:  # embeddings and scores come from the pooling runner; prefix caching is vLLM's to allow per pooling type
+        args += ["--runner", "pooling"]
     if e.speculative_config:
         args += ["--speculative-config", _compact(e.speculative_config)]
     if e.compilation_config:

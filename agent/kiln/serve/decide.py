@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kiln.choice.items import ModelSettings
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import SECRET_FIELDS, Choice, Problem, tls_summary
 from kiln.choice.select import FALLBACK_PROFILE, select_profile
@@ -33,7 +34,7 @@ OVERRIDES = ("objective", "max_model_len", "instances", "tensor_parallel_size", 
              "expert_parallel", "quantization", "kv_cache_dtype", "speculative_decoding", "gpu_memory_utilization",
              "workload")
 NOT_OVERRIDES = ("profile", "model", "revision", "api_key", "hf_token", "price_per_hour", "api_keys", "tls", "cluster",
-                 "do_token", "trust_remote_code")
+                 "do_token", "trust_remote_code", "models")
 
 
 @dataclass
@@ -80,6 +81,25 @@ def _refusal_problem(refusal: Refusal, profile: str, then: str) -> Problem:
     return Problem("plan", "profile", f"{profile}: {refusal.reason}; {then}", fix)
 
 
+def first_of_several(choice: Choice) -> tuple[Choice, Problem | None]:
+    """`models:` as the one model this agent serves: the first item, its settings over the top-level ones."""
+    assert choice.models
+    first = choice.models[0]
+    settings = first.model_dump(include=set(ModelSettings.model_fields), exclude_none=True)
+    served = choice.model_copy(update={**settings, "models": None})
+    rest = [item.name or item.profile or item.model or "" for item in choice.models[1:]]
+    ignored = [key for key in ("name", "gpus", "task", "lora") if getattr(first, key)]
+    if not rest and not ignored:
+        return served, None
+    what = f"the agent serves one model per machine: {first.profile or first.model} (models[0])"
+    if rest:
+        what += f"; not served: {', '.join(rest)}"
+    if ignored:
+        what += f"; models[0]'s {', '.join(ignored)} not applied"
+    return served, Problem("choice", "models", what, "`kiln plan --config FILE` shows how the models would share "
+                           "this machine; serve the others from droplets of their own")
+
+
 def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runtime: Runtime,
            fallback: str = FALLBACK_PROFILE, detect: Callable[[str | None], Machine] | None = None,
            membership: Membership | None = None) -> Decision:
@@ -91,6 +111,11 @@ def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runti
         return decision
     catalog = kiln.catalog()
     choice = resolved.choice
+    if choice.models:
+        choice, problem = first_of_several(choice)
+        resolved = replace(resolved, choice=choice)
+        if problem is not None:
+            decision.problems.append(problem)
     hub_cache = Path(runtime.hf_home) / "hub" if runtime.hf_home else None
     profile, problems = select_profile(choice, catalog, lambda model: kiln.profile(
         None, model, choice.hf_token, choice.revision, hub_cache), fallback)
@@ -121,7 +146,7 @@ def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runti
         decision.failure = (f"{profile.name} cannot be served on {decision.machine.name}: {plan.reason}",
                             "; ".join(plan.suggestions) or "use a machine with a supported NVIDIA GPU")
         return decision
-    if choice.workload is not None and not profile.cpu_only:
+    if choice.workload is not None and not profile.cpu_only and profile.task == "chat":
         plan = _for_workload(kiln, decision, profile, choice, plan, alternatives)
     decision.plan = plan
     decision.render(runtime)

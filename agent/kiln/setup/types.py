@@ -57,6 +57,7 @@ class EngineSettings:
     data_parallel_size: int = 1  # engine ranks inside one server, each with its own scheduler and KV cache
     enable_expert_parallel: bool = False  # routed experts spread over tp x dp GPUs instead of split by tp
     pipeline_parallel_size: int = 1  # stages of layers, one per node in a cluster
+    task: str = "chat"  # chat: generates; embed or rerank: vLLM's pooling runner
 
     @property
     def schedulers(self) -> int:
@@ -159,6 +160,7 @@ class Plan:
         return {
             "machine": self.machine,
             "profile": self.profile,
+            "task": self.engine.task,
             "objective": self.objective,
             "quantization": self.quantization,
             "kv_cache_dtype": self.kv_cache_dtype,

@@ -1,0 +1,161 @@
+"""Several models on one machine: `models:` validated item by item, placed on whole GPUs or shares of one, planned
+each for itself, rendered as command lines vLLM's parser accepts, and planned from a file by `kiln plan --config`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tests.unit.test_render import parse
+
+from kiln.choice.resolve import layers_from_inputs, merge
+from kiln.choice.schema import Choice, validate_fields
+from kiln.choice.sources import RawInputs
+from kiln.cli.main import main
+from kiln.cli.plan_config import plan_settings
+from kiln.planner.placement import Placement
+from kiln.render.vllm import Runtime, render_instances
+from kiln.serve.decide import decide
+from kiln.wiring import Kiln
+
+RAG = {"models": [{"profile": "llama-3.3-70b-instruct"}, {"profile": "qwen3-embedding-8b"},
+                  {"profile": "qwen3-reranker-8b"}]}
+TWO_CHATS = {"models": ["qwen3-8b", "gpt-oss-20b"]}
+
+
+def placed(kiln: Kiln, machine: str, settings: dict[str, object]) -> Placement:
+    layer = validate_fields(settings, source="test")
+    assert not layer.problems, layer.problems
+    return plan_settings(kiln, kiln.machine(machine), Choice(**layer.values)).placement
+
+
+def check_consistent(kiln: Kiln, placement: Placement) -> None:
+    """No GPU given whole twice, shares of a GPU within what vLLM may take, ports and names once each, and
+    every command line accepted by vLLM's parser."""
+    memory = min(g.memory_bytes for g in placement.machine.gpus)
+    ceiling = kiln.constants.get("vllm", "default_gpu_memory_utilization")
+    for gpu, on in placement.gpu_map().items():
+        shares = [share for _, share in on]
+        assert len(on) <= 1 or all(s is not None for s in shares), (gpu, on)
+        if len(on) > 1:
+            assert sum(s or 0 for s in shares) <= ceiling, (gpu, on)
+    for p in placement.placed:
+        if p.share is not None:
+            assert p.plan.engine.gpu_memory_utilization == p.share
+            used = p.plan.predicted.weight_bytes_per_gpu + p.plan.predicted.kv_cache_bytes_per_gpu
+            assert used < p.share * memory
+    instances = [inst for p in placement.placed for inst in p.plan.instances]
+    assert len({i.port for i in instances}) == len(instances)
+    assert len({i.name for i in instances}) == len(instances)
+    names = [n for p in placement.placed for n in p.plan.engine.served_model_names]
+    assert len(set(names)) == len(names)
+    for p in placement.placed:
+        for rendered in render_instances(p.plan, Runtime(), local_model=p.wanted.profile.local_model):
+            args = parse(list(rendered.argv))
+            assert args.served_model_name == list(p.wanted.served_names)
+            assert (args.runner == "pooling") == (p.wanted.profile.task != "chat")
+
+
+def test_a_bad_item_is_reported_alone_and_the_others_kept() -> None:
+    layer = validate_fields({"models": [{"profile": "qwen3-8b", "gpus": [1, 1]}, "gpt-oss-20b",
+                                        {"profile": "qwen3-8b", "gpu": 2}, {"profile": "a", "model": "b/c"},
+                                        {"model": "org/base", "lora": [{"name": "x", "source": "org/x"},
+                                                                       {"name": "x", "source": "/adapters/x"}]}]},
+                            source="user-data")
+    assert [item.profile for item in layer.values["models"]] == ["gpt-oss-20b"]
+    fields = [p.field for p in layer.problems]
+    assert fields == ["models[0].gpus", "models[2].gpu", "models[3]", "models[4].lora"]
+    assert "did you mean `gpus`" in layer.problems[1].fix
+    assert all("not served" in p.what for p in layer.problems)
+
+
+def test_models_replaces_profile_in_one_source_and_across_sources() -> None:
+    layer = validate_fields({"profile": "qwen3-8b", **TWO_CHATS}, source="user-data")
+    assert "profile" not in layer.values and layer.problems[0].field == "profile"
+    owner = b"#cloud-config\nkiln:\n  models: [qwen3-8b, gpt-oss-20b]\n"
+    later = merge(layers_from_inputs(RawInputs(user_data=owner, local_file="profile: qwen3-32b\n")))
+    assert later.choice.profile == "qwen3-32b" and later.choice.models is None
+    assert not merge(layers_from_inputs(RawInputs(user_data=b"#cloud-config\nkiln:\n  models: []\n"))).choice.models
+
+
+def test_rag_on_h100x8_a_chat_model_on_whole_gpus_and_the_pooling_models_beside_it(kiln: Kiln) -> None:
+    placement = placed(kiln, "h100x8", RAG)
+    check_consistent(kiln, placement)
+    chat, embed, rerank = placement.placed
+    assert not placement.refused
+    assert chat.share is None and len(chat.gpus) >= 4 and chat.plan.predicted.capacity is not None
+    assert {embed.wanted.profile.task, rerank.wanted.profile.task} == {"embed", "rerank"}
+    assert not set(chat.gpus) & (set(embed.gpus) | set(rerank.gpus))
+    assert embed.plan.predicted.output_tokens_per_s is None  # the engine models generation, and says so
+    assert any("predicts no throughput" in line for line in embed.plan.explanation)
+
+
+def test_two_chat_models_share_the_one_gpu_of_h200x1_by_memory_budgets(kiln: Kiln) -> None:
+    placement = placed(kiln, "h200x1", TWO_CHATS)
+    check_consistent(kiln, placement)
+    assert [p.gpus for p in placement.placed] == [(0,), (0,)]
+    assert all(p.share is not None and p.shares_with for p in placement.placed)
+    assert all(p.plan.predicted.capacity is not None for p in placement.placed)
+
+
+def test_named_gpus_are_honoured_and_a_clash_or_a_missing_gpu_refused_alone(kiln: Kiln) -> None:
+    placement = placed(kiln, "h100x8", {"models": [
+        {"profile": "qwen3-8b", "gpus": [6, 7]}, {"profile": "llama-3.1-8b-instruct", "gpus": [7]},
+        {"profile": "gpt-oss-20b", "gpus": [9]}, {"profile": "qwen3-32b", "gpus": 2}]})
+    check_consistent(kiln, placement)
+    assert [(p.wanted.position, p.gpus) for p in placement.placed][:1] == [(0, (6, 7))]
+    refused = {u.wanted.position: u.reason for u in placement.refused}
+    assert "already given" in refused[1] and "does not exist" in refused[2]
+    assert [len(p.gpus) for p in placement.placed if p.wanted.position == 3] == [2]
+
+
+def test_a_name_served_twice_and_a_model_too_large_are_refused_and_the_rest_placed(kiln: Kiln) -> None:
+    placement = placed(kiln, "h100x1", {"models": [
+        {"profile": "qwen3-8b", "name": "chat"}, {"profile": "gpt-oss-20b", "name": "chat"},
+        {"profile": "deepseek-v3.2"}]})
+    assert [p.wanted.name for p in placement.placed] == ["chat"]
+    reasons = [u.reason for u in placement.refused]
+    assert "already served" in reasons[0] and "does not fit" in reasons[1]
+
+
+def test_kiln_plan_config_prints_the_gpu_map_and_each_models_plan(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "kiln.yaml"
+    config.write_text(json.dumps(TWO_CHATS))
+    assert main(["plan", "--machine", "h200x1", "--config", str(config)]) == 0
+    text = capsys.readouterr().out
+    assert "qwen3-8b (0." in text and "gpt-oss-20b (0." in text and "carries" in text
+    assert main(["plan", "--machine", "h200x1", "--config", str(config), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [m["name"] for m in document["models"]] == ["qwen3-8b", "gpt-oss-20b"]
+    assert [len(g["models"]) for g in document["gpus"]] == [2]
+    config.write_text("models: [{profile: deepseek-v3.2}]\n")
+    assert main(["plan", "--machine", "h100x1", "--config", str(config)]) == 2
+    assert "does not fit" in capsys.readouterr().out
+
+
+def test_the_agent_serves_the_first_model_and_says_which_it_does_not(kiln: Kiln) -> None:
+    user_data = b"#cloud-config\nkiln:\n  models: [qwen3-8b, {profile: gpt-oss-20b, name: oss}]\n"
+    decision = decide(kiln, "h100x1", merge(layers_from_inputs(RawInputs(user_data=user_data))), Runtime())
+    assert decision.plan is not None and decision.profile is not None and decision.profile.name == "qwen3-8b"
+    problem = next(p for p in decision.problems if p.field == "models")
+    assert "not served: oss" in problem.what and "kiln plan --config" in problem.fix
+
+
+def test_adapters_are_validated_and_reported_as_not_served(kiln: Kiln) -> None:
+    layer = validate_fields({"models": [{"profile": "llama-3.1-8b-instruct",
+                                         "lora": [{"name": "sql", "source": "org/sql-lora"}]}]}, source="test")
+    several = plan_settings(kiln, kiln.machine("l40s"), Choice(**layer.values))
+    assert [p.wanted.name for p in several.placement.placed] == ["llama-3.1-8b-instruct"]
+    problem = next(p for p in several.problems if p.field == "models[0].lora")
+    assert "served without them" in problem.what
+
+
+def test_a_setting_flag_beside_config_is_refused_not_dropped(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "kiln.yaml"
+    config.write_text(json.dumps(TWO_CHATS))
+    assert main(["plan", "--machine", "h200x1", "--config", str(config), "--tp", "2", "--workload", "chat"]) != 0
+    err = capsys.readouterr().err
+    assert "--tp, --workload cannot be given" in err
