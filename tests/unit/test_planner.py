@@ -220,7 +220,11 @@ def every_profile_plans_or_refuses_clearly(kiln: Kiln, planned: Planned, machine
             arch = kiln.machine(machine).gpus[0].architecture
             if arch is Architecture.BLACKWELL and "nvfp4" in kiln.catalog().get(name).checkpoints:
                 assert result.quantization == "nvfp4"
-            assert result.predicted.output_tokens_per_s > 0
+            if result.engine.task == "chat":
+                assert result.predicted.output_tokens_per_s > 0
+            else:  # the engine predicts generation, and says so instead of a figure
+                assert result.predicted.output_tokens_per_s is None
+                assert any("predicts no throughput" in line for line in result.explanation)
             assert result.predicted.kv_cache_tokens_per_instance >= result.engine.max_model_len
 
 

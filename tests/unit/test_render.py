@@ -72,7 +72,10 @@ def rendered_argv_parses_with_vllm(kiln: Kiln, planned: Planned, machines: list[
             where = f"{profile} on {machine} ({objective})"
             assert args.port == inst.port and args.host == "127.0.0.1", where
             assert args.max_model_len == p.engine.max_model_len, where
-            assert args.enable_prefix_caching is True, where
+            if p.engine.task == "chat":
+                assert args.enable_prefix_caching is True, where
+            else:  # a pooling model: vLLM's pooling runner, prefix caching as vLLM allows for its pooling
+                assert args.runner == "pooling" and args.enable_prefix_caching is None, where
             if p.engine.device == "cuda":
                 assert args.tensor_parallel_size == p.tensor_parallel_size, where
                 assert inst.env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, inst.gpus)), where

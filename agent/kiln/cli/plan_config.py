@@ -99,8 +99,8 @@ def _figures(p: Placed) -> str:
     else:
         line = f"{p.wanted.profile.task}: no throughput predicted (kiln's engine models generation)"
     if p.shares_with:
-        line += (f"; alone on its GPU share: with {', '.join(p.shares_with)} busy too, their loads share the "
-                 "GPU's time")
+        line += (f"; predicted with the GPU's compute to itself: while {', '.join(p.shares_with)} is busy too, "
+                 "they share it and each carries less")
     return line
 
 

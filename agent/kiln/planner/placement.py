@@ -202,8 +202,8 @@ def place(machine: Machine, wanted: Sequence[Wanted], base: Choice, constants: C
             break
         large.remove(smallest)
         small.append(smallest)
-        notes.append(f"{smallest.name} shares a GPU: the {len(pool.free)} free GPUs are fewer than the models "
-                     "that would each take one")
+        notes.append(f"{smallest.name} shares a GPU: {len(pool.free)} GPU(s) are left for "
+                     f"{len(counted) + len(large) + len(small)} models")
     reserve = 1 if small else 0
     whole = [*counted, *large]
     while whole and sum(fewest[w.position] for w in whole) + reserve > len(pool.free):
