@@ -60,7 +60,8 @@ def test_documented_user_data_is_warning_free_and_read_by_kiln(cloud_init: tuple
     texts = documented_user_data()
     documented = [tmp_path / f"documented-{i}.yaml" for i in range(len(texts))]
     for path, text in zip(documented, texts, strict=True):
-        assert extract_settings(text.encode()).settings.get("profile")
+        settings = extract_settings(text.encode()).settings
+        assert settings.get("profile") or settings.get("models")
         path.write_text(text)
     unknown_key = tmp_path / "unknown-key.yaml"
     unknown_key.write_text("#cloud-config\nkiln:\n  profile: qwen3-8b\n")
