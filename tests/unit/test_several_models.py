@@ -159,3 +159,21 @@ def test_a_setting_flag_beside_config_is_refused_not_dropped(tmp_path: Path,
     assert main(["plan", "--machine", "h200x1", "--config", str(config), "--tp", "2", "--workload", "chat"]) != 0
     err = capsys.readouterr().err
     assert "--tp, --workload cannot be given" in err
+
+
+def test_an_items_own_workload_plans_it_in_kiln_plan_and_at_boot(kiln: Kiln) -> None:
+    placement = placed(kiln, "h200x1", {"models": [{"profile": "qwen3-8b", "workload": "chat"},
+                                                   {"profile": "gpt-oss-20b", "workload": {"preset": "rag"}}]})
+    assert [(p.plan.workload or {}).get("preset") for p in placement.placed] == ["chat", "rag"]
+    user_data = b"#cloud-config\nkiln:\n  models: [{profile: qwen3-8b, workload: chat}]\n"
+    decision = decide(kiln, "h100x1", merge(layers_from_inputs(RawInputs(user_data=user_data))), Runtime())
+    assert decision.plan is not None and (decision.plan.workload or {}).get("preset") == "chat"
+
+
+def test_instances_on_gpus_past_the_first_keep_the_machines_device_numbers(kiln: Kiln) -> None:
+    placement = placed(kiln, "h100x8", {"models": [{"profile": "qwen3-8b", "gpus": [5, 6]}]})
+    machine = placement.machine
+    for inst in placement.placed[0].plan.instances:
+        expected = tuple(machine.gpus[g].minor_number if machine.gpus[g].minor_number is not None else g
+                         for g in inst.gpus)
+        assert inst.gpus[0] >= 5 and inst.device_minors == expected

@@ -103,6 +103,12 @@ class Choice(ModelSettings):
         """The one-model settings given at the top level: what every item of `models:` starts from."""
         return ModelSettings(**{k: getattr(self, k) for k in ModelSettings.model_fields})
 
+    def with_item(self, item: ModelItem) -> Choice:
+        """The settings one item of `models:` is served with: its own over the top-level ones, as validated
+        values (a workload stays a WorkloadSpec)."""
+        own = {k: getattr(item, k) for k in ModelSettings.model_fields if getattr(item, k) is not None}
+        return self.model_copy(update={**own, "models": None})
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _named_keys(cls, value: Any) -> Any:
@@ -274,9 +280,8 @@ def validate_models(data: Any, *, source: str) -> tuple[tuple[ModelItem, ...], l
             first = exc.errors()[0]
             inner = ".".join(str(part) for part in first["loc"] if not str(part).startswith("function-"))
             field = f"{where}.{inner}" if inner else where
-            secret = "key" in inner or "token" in inner
-            got = "hidden" if secret else _shown(first.get("input"))
-            problems.append(Problem(source, field, f"{message(first)} (got {got}); this model is not served",
+            problems.append(Problem(source, field, f"{message(first)} (got {_shown(first.get('input'))}); this model "
+                                    "is not served",
                                     "fix this item; the other models are served without it"))
     if len(data) > MAX_MODELS:
         problems.append(Problem(source, "models", f"{len(data)} models listed; kiln serves at most {MAX_MODELS} "

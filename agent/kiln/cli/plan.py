@@ -45,7 +45,7 @@ def cmd_plan(kiln: Kiln, args: argparse.Namespace) -> int:
     choice = planargs.plan_choice(args)
     alternatives = sorted(kiln.fixtures(), key=lambda m: sum(g.memory_bytes for g in m.gpus))
     choosing = None
-    if planargs.workload_given(args) and not profile.cpu_only and profile.task == "chat":
+    if planargs.workload_given(args) and not profile.cpu_only and profile.generates:
         workload = planargs.workload_from(args)
         found = choose(machine, profile, choice, workload, kiln.constants,
                        predict.steps_for(kiln, args.engine, machine, profile), alternatives)

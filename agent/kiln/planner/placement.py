@@ -17,7 +17,7 @@ from functools import partial
 from kiln.choice.items import ModelItem
 from kiln.choice.schema import Choice
 from kiln.hardware.model import Machine
-from kiln.planner.plan import GIB, fit_plans
+from kiln.planner.plan import GIB, device_minor, fit_plans
 from kiln.profiles.schema import Profile
 from kiln.setup.types import Constants, Plan, Refusal
 
@@ -100,14 +100,14 @@ def sub_machine(machine: Machine, gpus: Sequence[int]) -> Machine:
     return replace(machine, gpus=tuple(machine.gpus[g] for g in keep), nvlink=nvlink, topology=topology)
 
 
-def _on_machine(plan: Plan, gpus: Sequence[int], first_port: int, first_index: int, share: float | None) -> Plan:
-    """A plan made on a sub-machine, its GPUs, ports and instance names moved to the machine's."""
+def _on_machine(machine: Machine, plan: Plan, gpus: Sequence[int], first_port: int, first_index: int,
+                share: float | None) -> Plan:
+    """A plan made on a sub-machine, its GPUs, devices, ports and instance names moved to the machine's."""
+    moved = [tuple(gpus[g] for g in inst.gpus) for inst in plan.instances]
     instances = tuple(
-        replace(inst, name=f"vllm-{first_index + n}", port=first_port + n,
-                gpus=tuple(gpus[g] for g in inst.gpus),
-                device_minors=tuple(gpus[g] if inst.device_minors[k] == g else inst.device_minors[k]
-                                    for k, g in enumerate(inst.gpus)))
-        for n, inst in enumerate(plan.instances))
+        replace(inst, name=f"vllm-{first_index + n}", port=first_port + n, gpus=on,
+                device_minors=tuple(device_minor(machine, g) for g in on))
+        for n, (inst, on) in enumerate(zip(plan.instances, moved, strict=True)))
     engine = plan.engine if share is None else replace(plan.engine, gpu_memory_utilization=share)
     return replace(plan, instances=instances, engine=engine)
 
@@ -136,12 +136,8 @@ def place(machine: Machine, wanted: Sequence[Wanted], base: Choice, constants: C
     first_port = int(constants.get("planning", "first_instance_port"))
 
     def choice_of(w: Wanted, share: float | None = None) -> Choice:
-        settings = w.item.model_dump(exclude={"name", "gpus", "task", "lora", "profile", "model"},
-                                     exclude_none=True)
-        update = {**settings, "models": None, "profile": None, "model": None}
-        if share is not None:
-            update["gpu_memory_utilization"] = share
-        return base.model_copy(update=update)
+        own = base.with_item(w.item)
+        return own if share is None else own.model_copy(update={"gpu_memory_utilization": share})
 
     pool = _Pool(list(range(machine.gpu_count)))
     placed: list[tuple[Wanted, tuple[int, ...], float | None, Plan | Refusal]] = []
@@ -162,7 +158,7 @@ def place(machine: Machine, wanted: Sequence[Wanted], base: Choice, constants: C
             listed.append(w)
         elif isinstance(gpus, int):
             counted.append(w)
-        elif w.profile.task != "chat":
+        elif not w.profile.generates:
             small.append(w)
         else:
             large.append(w)
@@ -277,7 +273,7 @@ def _finish(machine: Machine, placed: list[tuple[Wanted, tuple[int, ...], float 
         if isinstance(plan, Refusal):
             refused.append(Unplaced(w, plan.reason, plan.suggestions))
             continue
-        moved = _on_machine(plan, gpus, port, index, share)
+        moved = _on_machine(machine, plan, gpus, port, index, share)
         moved = replace(moved, engine=replace(moved.engine, served_model_names=w.served_names))
         port += len(moved.instances)
         index += len(moved.instances)

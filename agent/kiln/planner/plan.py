@@ -395,7 +395,8 @@ def _speculative_json(spec: Speculative) -> dict[str, Any]:
     return config
 
 
-def _minor(m: Machine, gpu: int) -> int:
+def device_minor(m: Machine, gpu: int) -> int:
+    """/dev/nvidiaN of the machine's GPU `gpu`: NVML's minor number, else its index."""
     minor = m.gpus[gpu].minor_number
     return gpu if minor is None else minor
 
@@ -418,12 +419,12 @@ def _build_plan(ctx: Context, best: Candidate, groups: list[tuple[int, ...]]) ->
         max_num_batched_tokens=best.max_num_batched_tokens,
         kv_cache_dtype=best.kv_dtype,
         quantization=best.option.online,
-        enable_prefix_caching=p.task == "chat",  # a pooling model's cache reuse depends on its pooling; vLLM's call
+        enable_prefix_caching=p.generates,  # a pooling model's cache reuse depends on its pooling; vLLM's call
         speculative_config=_speculative_json(best.speculative) if best.speculative else None,
         compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE",
                             "max_cudagraph_capture_size": _capture_size(best.max_num_seqs, per_step)},
-        tool_call_parser=p.serving.tool_call_parser if p.task == "chat" else None,
-        reasoning_parser=p.serving.reasoning_parser if p.task == "chat" else None,
+        tool_call_parser=p.serving.tool_call_parser if p.generates else None,
+        reasoning_parser=p.serving.reasoning_parser if p.generates else None,
         trust_remote_code=p.serving.trust_remote_code,
         extra_args=tuple(extra),
         device="cuda",
@@ -437,7 +438,7 @@ def _build_plan(ctx: Context, best: Candidate, groups: list[tuple[int, ...]]) ->
         node, cpus = group_numa(m, group)
         instances.append(InstancePlan(
             name=f"vllm-{i}", gpus=group, gpu_uuids=tuple(m.gpus[g].uuid for g in group),
-            device_minors=tuple(_minor(m, g) for g in group),
+            device_minors=tuple(device_minor(m, g) for g in group),
             port=first_port + i, numa_node=node, cpus=cpus))
     predicted = Prediction(
         weight_bytes_per_gpu=best.weight_bytes_per_gpu,

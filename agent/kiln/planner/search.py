@@ -203,7 +203,7 @@ def make_plan(machine: Machine, profile: Profile, choice: Choice, c: Constants,
             return made
         plan = made[0]
         return with_forecast(plan, forecast(plan, work, steps(plan), c), work, profile, c, plan.explanation, "cpu")
-    if profile.task != "chat":
+    if not profile.generates:
         return pooling_plan(machine, profile, choice, c, alternatives)
     found = choose(machine, profile, choice, work, c, steps, alternatives, closest=own is None)
     if isinstance(found, Refusal):

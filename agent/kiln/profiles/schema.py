@@ -193,9 +193,14 @@ class Profile(Strict):
     cpu_only: bool = False  # served by vLLM's CPU backend (the tiny test model)
     sources: tuple[str, ...] = ()
 
+    @property
+    def generates(self) -> bool:
+        """A chat model: the engine predicts it. An embedding or reranking model runs vLLM's pooling runner."""
+        return self.task == "chat"
+
     @model_validator(mode="after")
     def _checks(self) -> Profile:
-        if self.task != "chat" and self.speculative:
+        if not self.generates and self.speculative:
             raise ValueError(f"a {self.task} model generates nothing, so it has no speculative decoding")
         if self.serving.max_model_len > self.architecture.max_position_embeddings:
             raise ValueError(

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kiln.choice.items import ModelSettings
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import SECRET_FIELDS, Choice, Problem, tls_summary
 from kiln.choice.select import FALLBACK_PROFILE, select_profile
@@ -85,8 +84,7 @@ def first_of_several(choice: Choice) -> tuple[Choice, Problem | None]:
     """`models:` as the one model this agent serves: the first item, its settings over the top-level ones."""
     assert choice.models
     first = choice.models[0]
-    settings = first.model_dump(include=set(ModelSettings.model_fields), exclude_none=True)
-    served = choice.model_copy(update={**settings, "models": None})
+    served = choice.with_item(first)
     rest = [item.name or item.profile or item.model or "" for item in choice.models[1:]]
     ignored = [key for key in ("name", "gpus", "task", "lora") if getattr(first, key)]
     if not rest and not ignored:
@@ -146,7 +144,7 @@ def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runti
         decision.failure = (f"{profile.name} cannot be served on {decision.machine.name}: {plan.reason}",
                             "; ".join(plan.suggestions) or "use a machine with a supported NVIDIA GPU")
         return decision
-    if choice.workload is not None and not profile.cpu_only and profile.task == "chat":
+    if choice.workload is not None and not profile.cpu_only and profile.generates:
         plan = _for_workload(kiln, decision, profile, choice, plan, alternatives)
     decision.plan = plan
     decision.render(runtime)
