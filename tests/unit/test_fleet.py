@@ -203,3 +203,13 @@ def test_up_and_scale_by_demand_use_the_droplets_own_capacity(tmp_path: Path) ->
         bad = fleet(url, "scale", "demo", "--demand", "nan", "--user-data", str(tmp_path / "user-data.yaml"), "--yes")
         assert bad.returncode != 0 and "must be a number above 0" in bad.stderr and "Traceback" not in bad.stderr
         assert len(state.requests) == asked, "a demand that cannot be sized is refused before the fleet is read"
+
+
+def test_user_data_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    with serve_api() as (url, state):
+        args = up_args(tmp_path)
+        (tmp_path / "user-data.yaml").unlink()
+        os.mkfifo(tmp_path / "user-data.yaml")
+        done = fleet(url, *args, "--yes")
+        assert done.returncode != 0 and "not a regular file" in done.stderr and "Traceback" not in done.stderr
+        assert state.requests == []

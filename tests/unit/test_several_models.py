@@ -4,6 +4,7 @@ each for itself, rendered as command lines vLLM's parser accepts, and planned fr
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from tests.unit.test_render import parse
 
 from kiln.choice.resolve import layers_from_inputs, merge
 from kiln.choice.schema import Choice, validate_fields
-from kiln.choice.sources import RawInputs
+from kiln.choice.sources import MAX_READ_BYTES, RawInputs
 from kiln.cli.main import main
 from kiln.cli.plan_config import plan_settings
 from kiln.planner.placement import Placement
@@ -132,7 +133,8 @@ def test_kiln_plan_config_prints_the_gpu_map_and_each_models_plan(tmp_path: Path
     assert [len(g["models"]) for g in document["gpus"]] == [2]
     config.write_text("models: [{profile: deepseek-v3.2}]\n")
     assert main(["plan", "--machine", "h100x1", "--config", str(config)]) == 2
-    assert "does not fit" in capsys.readouterr().out
+    refused = capsys.readouterr()
+    assert "does not fit" in refused.err and not refused.out  # nothing to serve: said where errors go
 
 
 def test_the_agent_serves_the_first_model_and_says_which_it_does_not(kiln: Kiln) -> None:
@@ -177,3 +179,22 @@ def test_instances_on_gpus_past_the_first_keep_the_machines_device_numbers(kiln:
         expected = tuple(machine.gpus[g].minor_number if machine.gpus[g].minor_number is not None else g
                          for g in inst.gpus)
         assert inst.gpus[0] >= 5 and inst.device_minors == expected
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "binary", "too large", "absent"])
+def test_a_config_that_cannot_be_read_is_refused_with_its_reason(kind: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "kiln.yaml"
+    if kind == "fifo":
+        os.mkfifo(config)
+    elif kind == "directory":
+        config.mkdir()
+    elif kind == "binary":
+        config.write_bytes(b"\xff\xfe\x00")
+    elif kind == "too large":
+        config.write_text("#" * (MAX_READ_BYTES + 1))
+    assert main(["plan", "--machine", "h200x1", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    reason = {"fifo": "not a regular file", "directory": "Is a directory", "binary": "not UTF-8",
+              "too large": "larger than", "absent": "No such file"}[kind]
+    assert "cannot plan" in err and reason in err

@@ -10,12 +10,14 @@ layer) while it still holds exactly what user-data's write_files put there.
 from __future__ import annotations
 
 import dataclasses
+import errno
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kiln.choice.schema import Choice, Layer, Problem, drop_shared_keys, validate_fields
-from kiln.choice.sources import HF_TOKEN_FILE, RawInputs
+from kiln.choice.sources import HF_TOKEN_FILE, MAX_READ_BYTES, RawInputs, read_head
 from kiln.choice.trust import refused_from_public
 from kiln.choice.userdata import KILN_FILE, extract_settings
 from kiln.validation import YamlError, parse_yaml
@@ -88,6 +90,24 @@ def layers_from_inputs(raw: RawInputs) -> list[Layer]:
     if raw.hf_token_file:
         layers.append(validate_fields({"hf_token": raw.hf_token_file}, source=HF_TOKEN_FILE))
     return layers
+
+
+def settings_file_layer(path: Path, fix: str) -> Layer:
+    """A settings file given on the command line (`kiln up --config`, `kiln plan --config`), validated as
+    /etc/kiln/kiln.yaml is; a file that cannot be read or parsed is the layer's one problem, with `fix`."""
+    source = str(path)
+    try:
+        data = read_head(path, MAX_READ_BYTES)
+        if len(data) > MAX_READ_BYTES:
+            raise OSError(errno.EFBIG, f"larger than {MAX_READ_BYTES:,} bytes")
+        return validate_fields(parse_yaml(data.decode("utf-8")), source=source)
+    except OSError as exc:
+        what = f"cannot read: {exc.strerror or exc}"
+    except UnicodeDecodeError:
+        what = "not UTF-8 text"
+    except YamlError as exc:
+        what = str(exc)
+    return Layer(source, problems=(Problem(source, "", what, fix),))
 
 
 def merge(layers: Sequence[Layer], read_problems: Sequence[Problem] = ()) -> ResolvedChoice:

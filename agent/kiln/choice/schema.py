@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kiln.choice.items import MAX_MODELS, MODEL_HINTS, ModelItem, ModelSettings
+from kiln.choice.items import MAX_MODELS, MODEL_HINTS, LoraAdapter, ModelItem, ModelSettings
+from kiln.perf.workload import WorkloadSpec
 from kiln.validation import message
 
 KEY_NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -252,6 +253,9 @@ def validate_fields(data: Any, *, source: str) -> Layer:
     return Layer(source, values, tuple(problems))
 
 
+ITEM_FIELDS = frozenset({*ModelItem.model_fields, *LoraAdapter.model_fields, *WorkloadSpec.model_fields})
+
+
 def validate_models(data: Any, *, source: str) -> tuple[tuple[ModelItem, ...], list[Problem]]:
     """Each valid item of `models:`; each bad one reported on its own, so the others are still served."""
     if not isinstance(data, (list, tuple)):
@@ -278,7 +282,7 @@ def validate_models(data: Any, *, source: str) -> tuple[tuple[ModelItem, ...], l
             items.append(ModelItem.model_validate(raw))
         except ValidationError as exc:
             first = exc.errors()[0]
-            inner = ".".join(str(part) for part in first["loc"] if not str(part).startswith("function-"))
+            inner = ".".join(str(part) for part in first["loc"] if isinstance(part, int) or part in ITEM_FIELDS)
             field = f"{where}.{inner}" if inner else where
             problems.append(Problem(source, field, f"{message(first)} (got {_shown(first.get('input'))}); this model "
                                     "is not served",

@@ -6,7 +6,10 @@ the way cloud-init's own datasources work. Nothing here interprets what it read.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +21,16 @@ from kiln.choice.schema import Problem
 DO_METADATA_URL = "http://169.254.169.254/metadata/v1.json"
 MAX_READ_BYTES = 1 << 20
 HF_TOKEN_FILE = "/etc/kiln/hf_token"
+
+
+def read_head(path: Path, limit: int = MAX_READ_BYTES) -> bytes:
+    """Up to `limit` + 1 bytes of a regular file, so the caller can tell one over `limit`: a FIFO or a device is
+    refused instead of waited on. Raises OSError (FileNotFoundError when absent)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return f.read(limit + 1)
 
 
 class HttpGet(Protocol):
@@ -78,8 +91,7 @@ class SourceReader:
     def _read(self, absolute: str) -> bytes | None:
         path = self._path(absolute)
         try:
-            with path.open("rb") as f:
-                return f.read(MAX_READ_BYTES + 1)
+            return read_head(path)
         except FileNotFoundError:
             return None
         except OSError as exc:

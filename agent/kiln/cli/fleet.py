@@ -12,6 +12,7 @@ import requests
 
 from kiln import datafiles
 from kiln.choice.schema import Choice
+from kiln.choice.sources import MAX_READ_BYTES, read_head
 from kiln.cli.fleet_sizing import add_demand_arguments, check_demand, droplets_for, said
 from kiln.cli.output import print_json, table
 from kiln.errors import KilnError
@@ -93,13 +94,28 @@ def probe_health(address: str) -> str:
     return "serving" if reply.status_code == 200 else f"not serving ({reply.status_code})"
 
 
+def _user_data(path: Path) -> str:
+    """The droplets' user-data: a regular file of UTF-8 text, within what kiln reads of user-data at boot."""
+    try:
+        data = read_head(path)
+        if len(data) > MAX_READ_BYTES:
+            raise KilnError(f"--user-data {path} is larger than {MAX_READ_BYTES:,} bytes",
+                            fix="keep user-data small: DigitalOcean allows 64 KiB")
+        return data.decode("utf-8")
+    except OSError as exc:
+        raise KilnError(f"cannot read --user-data {path}: {exc.strerror or exc}",
+                        fix="give a regular file of cloud-init user-data") from None
+    except UnicodeDecodeError:
+        raise KilnError(f"--user-data {path} is not UTF-8 text", fix="give a #cloud-config text file") from None
+
+
 def cmd_fleet(_kiln: None, args: argparse.Namespace) -> int:
     if args.action == "plan":
         return cmd_fleet_plan(Kiln.create(), args)
     api = DigitalOcean.from_environment()
     sized: dict[str, Any] | None = None
     if args.action == "up":
-        user_data = args.user_data.read_text(encoding="utf-8")
+        user_data = _user_data(args.user_data)
         count = args.count
         if count is None:
             count, sized = _sized_by_demand(args.size, user_data, args)
@@ -108,7 +124,7 @@ def cmd_fleet(_kiln: None, args: argparse.Namespace) -> int:
                          ssh_from=tuple(args.ssh_from) or ANYWHERE, certificate_id=args.certificate_id)
         result = ops.up(api, spec, _confirm(args, spec.name))
     elif args.action == "scale":
-        user_data = args.user_data.read_text(encoding="utf-8") if args.user_data else ""
+        user_data = _user_data(args.user_data) if args.user_data else ""
         spec = FleetSpec(args.name, user_data=user_data, image=args.image or "")
         if (args.count is None) == (args.demand is None and args.users is None):
             raise KilnError("give the fleet's new size: a count, or --demand R or --users N",

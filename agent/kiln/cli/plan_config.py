@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 from kiln.choice.items import ModelItem
-from kiln.choice.schema import Choice, validate_fields
+from kiln.choice.resolve import settings_file_layer
+from kiln.choice.schema import Choice
 from kiln.cli import planargs
 from kiln.cli.output import gib, print_json, table
 from kiln.errors import KilnError
@@ -20,23 +22,16 @@ from kiln.profiles.schema import Profile
 from kiln.render.vllm import RenderedInstance, plan_document, render_instances
 from kiln.setup.headline import headline_of
 from kiln.setup.types import Plan, Refusal
-from kiln.validation import YamlError, parse_yaml
 from kiln.wiring import Kiln
 
 
 def read_settings(path: Path) -> tuple[Choice, list[str]]:
-    """The file's settings, validated as /etc/kiln/kiln.yaml is; each problem as a line."""
-    try:
-        data = parse_yaml(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise KilnError(f"cannot read {path}: {exc.strerror or exc}", fix="give a readable settings file") from None
-    except YamlError as exc:
-        raise KilnError(f"{path}: {exc}", fix="write settings as `key: value` lines (see docs/user-data.md)") from None
-    layer = validate_fields(data, source=str(path))
+    """The file's settings, validated as `kiln up --config` reads them; each problem as a line."""
+    layer = settings_file_layer(path, "give a readable settings file of `key: value` lines (docs/user-data.md)")
     return Choice(**layer.values), [p.text() for p in layer.problems]
 
 
-def plan_settings(kiln: Kiln, machine: Machine, choice: Choice) -> SeveralPlan:
+def plan_settings(kiln: Kiln, machine: Machine, choice: Choice, source: str = "settings") -> SeveralPlan:
     def load(item: ModelItem) -> Profile:
         if item.model:
             return kiln.profile(None, item.model, choice.hf_token, item.revision)
@@ -45,16 +40,16 @@ def plan_settings(kiln: Kiln, machine: Machine, choice: Choice) -> SeveralPlan:
     def plan_one(on: Machine, profile: Profile, settings: Choice) -> Plan | Refusal:
         return make_plan(on, profile, settings, kiln.constants)
 
-    return plan_several(machine, choice, load, kiln.constants, plan_one, source="config")
+    return plan_several(machine, choice, load, kiln.constants, plan_one, source=source)
 
 
 def cmd_plan_config(kiln: Kiln, args: argparse.Namespace) -> int:
     check_alone(args)
     machine = kiln.machine(args.machine)
     choice, problems = read_settings(Path(args.config))
-    if not (choice.models or choice.profile or choice.model):
+    if not (choice.models or choice.profile or choice.model or problems):
         problems.append(f"{args.config}: names no model (fix: set `profile`, `model` or `models`)")
-    several = plan_settings(kiln, machine, choice)
+    several = plan_settings(kiln, machine, choice, source=str(args.config))
     problems += [p.text() for p in several.problems]
     placement = several.placement
     runtime = planargs.runtime_for(args)
@@ -62,9 +57,13 @@ def cmd_plan_config(kiln: Kiln, args: argparse.Namespace) -> int:
                 for p in placement.placed}
     if args.json:
         print_json(placement_document(placement, rendered, problems))
-    else:
+    elif placement.placed:
         print(placement_text(placement, rendered, problems))
-    return 0 if placement.placed else planargs.EXIT_REFUSED
+    if not placement.placed:  # what would be served is nothing: say why where errors go, as a refused plan does
+        print(f"kiln: cannot plan {args.config}: no model can be served from it", file=sys.stderr)
+        print("\n".join(f"  - {line}" for line in problems), file=sys.stderr)
+        return planargs.EXIT_REFUSED
+    return 0
 
 
 def placement_document(placement: Placement, rendered: dict[int, list[RenderedInstance]],

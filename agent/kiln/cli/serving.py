@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psutil
 
-from kiln.choice.resolve import merge, resolve_choice
-from kiln.choice.schema import Choice, Layer, Problem, validate_fields
+from kiln.choice.resolve import merge, resolve_choice, settings_file_layer
+from kiln.choice.schema import Choice, Layer
 from kiln.choice.sources import SourceReader
 from kiln.cli.locate import default_state_dir
 from kiln.cluster.discovery import DO_API_URL
@@ -33,7 +33,6 @@ from kiln.serve.layout import (
 )
 from kiln.serve.processes.router import ROUTER_POLICIES, RouterSettings
 from kiln.serve.reports.selfcheck import SelfCheckSettings
-from kiln.validation import YamlError, parse_yaml
 from kiln.wiring import Kiln
 
 EXIT_UNAVAILABLE = 2
@@ -162,10 +161,7 @@ def _config_layer(path: Path | None) -> list[Layer]:
     """The settings file of `kiln up --config`, read at start and at every reload; absent: nothing."""
     if path is None or not path.exists():
         return []
-    try:
-        return [validate_fields(parse_yaml(path.read_text(encoding="utf-8")), source=str(path))]
-    except (OSError, YamlError) as exc:
-        return [Layer(str(path), problems=(Problem(str(path), "", str(exc), "fix the file, then `kiln reload`"),))]
+    return [settings_file_layer(path, "fix the file, then `kiln reload`")]
 
 
 def _process_started() -> float:
