@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from benchmarks import several_models
 from tests.unit.test_render import parse
 
 from kiln.choice.resolve import layers_from_inputs, merge
@@ -198,3 +199,12 @@ def test_a_config_that_cannot_be_read_is_refused_with_its_reason(kind: str, tmp_
     reason = {"fifo": "not a regular file", "directory": "Is a directory", "binary": "not UTF-8",
               "too large": "larger than", "absent": "No such file"}[kind]
     assert "cannot plan" in err and reason in err
+
+
+def test_the_benchmark_prints_each_models_capacity_in_the_mix_beside_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    assert several_models.main(["--mixes", "two-chats"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("two-chats  h200x1")]
+    assert [row[2] for row in rows] == ["qwen3-8b", "gpt-oss-20b"]
+    for row in rows:  # the mix's requests/s, the model's alone on the whole machine, and their ratio
+        in_mix, alone, ratio = float(row[-3]), float(row[-2]), float(row[-1])
+        assert ratio == pytest.approx(in_mix / alone, abs=0.01)
