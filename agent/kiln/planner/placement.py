@@ -218,7 +218,7 @@ def place(machine: Machine, wanted: Sequence[Wanted], base: Choice, constants: C
         given[most.position] += 1
     for w in whole:
         gpus = pool.take(given[w.position])
-        plan = _largest_fitting(gpus, partial(fits, w), partial(plan_on, w), exact=w in counted)
+        plan = _largest_fitting(gpus, partial(plan_on, w), exact=w in counted)
         if isinstance(plan, Refusal):
             pool.give_back(gpus)
             refused.append(Unplaced(w, plan.reason, plan.suggestions))
@@ -294,19 +294,13 @@ def _fewest_gpus(gpu_count: int, fits_on: Callable[[Sequence[int]], list[Plan] |
     return None
 
 
-def _largest_fitting(gpus: tuple[int, ...], fits_on: Callable[[Sequence[int]], list[Plan] | Refusal],
-                     plan_on: Callable[[Sequence[int]], Plan | Refusal], exact: bool) -> Plan | Refusal:
+def _largest_fitting(gpus: tuple[int, ...], plan_on: Callable[[Sequence[int]], Plan | Refusal],
+                     exact: bool) -> Plan | Refusal:
     """The plan on the most of `gpus` the model runs on (7 GPUs may serve as 6: three of two); with `exact`,
-    on all of them or refused."""
+    on all of them or refused. A plan that does not fit is refused by its own first step (fit_plans)."""
     last: Plan | Refusal = Refusal("no GPUs are left for it")
     for count in range(len(gpus), 0, -1):
-        fitting = fits_on(gpus[:count])
-        if isinstance(fitting, Refusal):
-            last = fitting
-        else:
-            last = plan_on(gpus[:count])
-            if isinstance(last, Plan):
-                return last
-        if exact:
+        last = plan_on(gpus[:count])
+        if isinstance(last, Plan) or exact:
             return last
     return last
