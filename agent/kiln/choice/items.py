@@ -51,6 +51,11 @@ class ModelSettings(BaseModel):
         """`workload: chat` names a preset."""
         return {"preset": value} if isinstance(value, str) else value
 
+    def model_settings(self) -> dict[str, Any]:
+        """The one-model settings given, as validated values (a workload stays a WorkloadSpec, where model_dump
+        would make it a dict)."""
+        return {k: getattr(self, k) for k in ModelSettings.model_fields if getattr(self, k) is not None}
+
 
 class LoraAdapter(BaseModel):
     """One LoRA adapter of a model: the name clients ask for, and where its files are."""

@@ -100,15 +100,10 @@ class Choice(ModelSettings):
     do_token: str | None = Field(default=None, min_length=16, max_length=256, pattern=r"^[A-Za-z0-9_\-]+$")
     models: tuple[ModelItem, ...] | None = Field(default=None, min_length=1, max_length=MAX_MODELS)
 
-    def model_settings(self) -> ModelSettings:
-        """The one-model settings given at the top level: what every item of `models:` starts from."""
-        return ModelSettings(**{k: getattr(self, k) for k in ModelSettings.model_fields})
-
     def with_item(self, item: ModelItem) -> Choice:
         """The settings one item of `models:` is served with: its own over the top-level ones, as validated
         values (a workload stays a WorkloadSpec)."""
-        own = {k: getattr(item, k) for k in ModelSettings.model_fields if getattr(item, k) is not None}
-        return self.model_copy(update={**own, "models": None})
+        return self.model_copy(update={**item.model_settings(), "models": None})
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -31,7 +31,7 @@ def items_of(choice: Choice) -> tuple[ModelItem, ...]:
     if choice.models:
         return choice.models
     if choice.profile or choice.model:
-        return (ModelItem(**choice.model_settings().model_dump()),)
+        return (ModelItem(**choice.model_settings()),)
     return ()
 
 
