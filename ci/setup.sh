@@ -19,6 +19,8 @@ missing=()
 for pair in "${DEBIAN_TOOLS[@]}"; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${pair%%:*}" ] || missing+=("${pair##*:}")
 done
+# nginx's JavaScript module routes requests by model when a machine serves several models.
+[ -f /usr/lib/nginx/modules/ngx_http_js_module.so ] || missing+=(libnginx-mod-http-js)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "==> installing ${missing[*]} (Debian/Ubuntu)"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

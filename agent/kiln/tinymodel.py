@@ -6,6 +6,8 @@ No weights are written: vLLM serves it with `--load-format dummy`.
 from __future__ import annotations
 
 import json
+import random
+import struct
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -67,3 +69,41 @@ def make_tiny_model(profile: Profile, target: Path) -> Path:
         "chat_template": CHAT_TEMPLATE,
     }, indent=2) + "\n")
     return target
+
+
+def make_tiny_adapter(profile: Profile, target: Path, rank: int = 8, seed: int = 0) -> Path:
+    """A LoRA adapter of the tiny model (PEFT's files: adapter_config.json, adapter_model.safetensors), its
+    attention's query and value projections changed by random weights, so that its answers differ from the base's."""
+    a = profile.architecture
+    head_dim = a.head_dim or a.hidden_size // a.num_attention_heads
+    outputs = {"q_proj": a.num_attention_heads * head_dim, "v_proj": a.num_kv_heads * head_dim}
+    rng = random.Random(seed)
+    tensors: dict[str, tuple[list[int], list[float]]] = {}
+    for layer in range(a.num_layers):
+        for module, out in outputs.items():
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = ([rank, a.hidden_size],
+                                                  [rng.gauss(0, 1) for _ in range(rank * a.hidden_size)])
+            tensors[f"{prefix}.lora_B.weight"] = ([out, rank], [rng.gauss(0, 1) for _ in range(out * rank)])
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0,
+        "bias": "none", "target_modules": sorted(outputs), "base_model_name_or_path": profile.name,
+        "fan_in_fan_out": False, "use_dora": False, "modules_to_save": None}, indent=2) + "\n")
+    write_safetensors(target / "adapter_model.safetensors", tensors)
+    return target
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[list[int], list[float]]]) -> None:
+    """float32 tensors in the safetensors format: an 8-byte header length, a JSON header, then the data."""
+    header: dict[str, object] = {}
+    blobs = []
+    offset = 0
+    for name, (shape, values) in tensors.items():
+        blob = struct.pack(f"<{len(values)}f", *values)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))

@@ -18,7 +18,7 @@ from kiln.hardware.model import Machine
 from kiln.hardware.specs import GpuCatalog
 from kiln.profiles.catalog import Catalog, find_profile_dir, load_catalog
 from kiln.profiles.schema import Profile
-from kiln.setup.types import Constants
+from kiln.setup.types import Constants, LoraModule
 
 if TYPE_CHECKING:
     from kiln.doctor.facts import Needs
@@ -151,6 +151,21 @@ class Kiln:
 
     def fixtures(self) -> list[Machine]:
         return [detect_fixture(name, self.gpus) for name in fixture_names()]
+
+    def adapter(self, name: str, source: str, revision: str | None, hf_token: str | None = None,
+                hub_cache: Path | None = None) -> LoraModule:
+        """A LoRA adapter's rank and folder, from an absolute path or the Hub (downloaded into `hub_cache`)."""
+        from kiln.hub.adapter import read_adapter
+
+        client = None
+        if not source.startswith("/"):
+            from huggingface_hub.constants import HF_HUB_CACHE
+
+            from kiln.hub.client import HubClient
+
+            client = HubClient(hub_cache or Path(HF_HUB_CACHE), hf_token or os.environ.get("HF_TOKEN") or None,
+                               endpoint=os.environ.get("HF_ENDPOINT") or None)
+        return read_adapter(name, source, revision, client)
 
     def profile(self, name: str | None, model: str | None, hf_token: str | None = None,
                 revision: str | None = None, hub_cache: Path | None = None) -> Profile:

@@ -15,10 +15,13 @@ from kiln.choice.resolve import layers_from_inputs, merge
 from kiln.choice.schema import Choice, validate_fields
 from kiln.choice.sources import MAX_READ_BYTES, RawInputs
 from kiln.cli.main import main
-from kiln.cli.plan_config import plan_settings
 from kiln.planner.placement import Placement
+from kiln.processes import ProcessSpec
 from kiln.render.vllm import Runtime, render_instances
-from kiln.serve.decide import decide
+from kiln.serve.agent import one_after_another
+from kiln.serve.decide import decide, plan_settings
+from kiln.serve.processes.supervisor import Member
+from kiln.tinymodel import make_tiny_adapter
 from kiln.wiring import Kiln
 
 RAG = {"models": [{"profile": "llama-3.3-70b-instruct"}, {"profile": "qwen3-embedding-8b"},
@@ -138,21 +141,56 @@ def test_kiln_plan_config_prints_the_gpu_map_and_each_models_plan(tmp_path: Path
     assert "does not fit" in refused.err and not refused.out  # nothing to serve: said where errors go
 
 
-def test_the_agent_serves_the_first_model_and_says_which_it_does_not(kiln: Kiln) -> None:
+def test_the_agent_serves_every_placed_model_as_kiln_plan_places_it(kiln: Kiln) -> None:
     user_data = b"#cloud-config\nkiln:\n  models: [qwen3-8b, {profile: gpt-oss-20b, name: oss}]\n"
-    decision = decide(kiln, "h100x1", merge(layers_from_inputs(RawInputs(user_data=user_data))), Runtime())
-    assert decision.plan is not None and decision.profile is not None and decision.profile.name == "qwen3-8b"
-    problem = next(p for p in decision.problems if p.field == "models")
-    assert "not served: oss" in problem.what and "kiln plan --config" in problem.fix
+    decision = decide(kiln, "h200x1", merge(layers_from_inputs(RawInputs(user_data=user_data))), Runtime())
+    assert [m.name for m in decision.models] == ["qwen3-8b", "oss"]
+    assert decision.profile is not None and decision.profile.name == "qwen3-8b"
+    ports = [r.port for r in decision.all_rendered]
+    assert len(ports) == len(set(ports)) == 2
+    planned = placed(kiln, "h200x1", {"models": ["qwen3-8b", {"profile": "gpt-oss-20b", "name": "oss"}]})
+    assert [p.plan.engine.gpu_memory_utilization for p in planned.placed] == [
+        m.plan.engine.gpu_memory_utilization for m in decision.models]
+    report = decision.plan_report()
+    assert report is not None and [m["name"] for m in report["models"]] == ["qwen3-8b", "oss"]
 
 
-def test_adapters_are_validated_and_reported_as_not_served(kiln: Kiln) -> None:
-    layer = validate_fields({"models": [{"profile": "llama-3.1-8b-instruct",
-                                         "lora": [{"name": "sql", "source": "org/sql-lora"}]}]}, source="test")
-    several = plan_settings(kiln, kiln.machine("l40s"), Choice(**layer.values))
-    assert [p.wanted.name for p in several.placement.placed] == ["llama-3.1-8b-instruct"]
-    problem = next(p for p in several.problems if p.field == "models[0].lora")
-    assert "served without them" in problem.what
+def test_adapters_are_read_once_and_served_and_a_bad_one_is_reported(kiln: Kiln, tmp_path: Path) -> None:
+    tiny = kiln.catalog().get("tiny-cpu")
+    good = make_tiny_adapter(tiny, tmp_path / "good", rank=12)
+    dora = make_tiny_adapter(tiny, tmp_path / "dora")
+    config = json.loads((dora / "adapter_config.json").read_text())
+    (dora / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    layer = validate_fields({"models": [{"profile": "tiny-cpu", "lora": [
+        {"name": "good", "source": str(good)}, {"name": "dora", "source": str(dora)}]}]}, source="test")
+    several = plan_settings(kiln, kiln.machine("cpu-only"), Choice(**layer.values))
+    engine = several.placement.placed[0].plan.engine
+    assert [(m.name, m.rank) for m in engine.lora_modules] == [("good", 12)]
+    assert engine.max_lora_rank == 16  # the next rank vLLM takes
+    problem = next(p for p in several.problems if p.field == "models[0].lora[1]")
+    assert "DoRA" in problem.what and "served without it" in problem.what
+    argv = list(render_instances(several.placement.placed[0].plan, Runtime())[0].argv)
+    args = parse(argv)  # vLLM's own parser
+    assert args.enable_lora and args.max_lora_rank == 16 and args.max_loras == 1
+    assert [(m.name, m.path) for m in args.lora_modules] == [("good", str(good))]
+
+
+def test_an_adapter_name_clashing_with_a_model_refuses_the_later_item(kiln: Kiln, tmp_path: Path) -> None:
+    adapter = make_tiny_adapter(kiln.catalog().get("tiny-cpu"), tmp_path / "a")
+    placement = placed(kiln, "cpu-only", {"models": [
+        {"profile": "tiny-cpu", "lora": [{"name": "embed", "source": str(adapter)}]},
+        {"profile": "tiny-cpu", "name": "embed", "task": "embed"}]})
+    assert [p.wanted.name for p in placement.placed] == ["tiny-cpu"]
+    assert "embed is already served" in placement.refused[0].reason
+
+
+def test_on_the_cpu_each_model_gets_its_own_cores_and_ports(kiln: Kiln) -> None:
+    placement = placed(kiln, "cpu-only", {"models": ["tiny-cpu", {"profile": "tiny-cpu", "name": "e",
+                                                                   "task": "embed"}]})
+    instances = [i for p in placement.placed for i in p.plan.instances]
+    assert [i.cpus for i in instances] == [(0, 1), (2, 3)]
+    assert len({i.port for i in instances}) == 2
+    assert placement.placed[1].plan.engine.task == "embed"
 
 
 def test_a_setting_flag_beside_config_is_refused_not_dropped(tmp_path: Path,
@@ -208,3 +246,13 @@ def test_the_benchmark_prints_each_models_capacity_in_the_mix_beside_alone(capsy
     for row in rows:  # the mix's requests/s, the model's alone on the whole machine, and their ratio
         in_mix, alone, ratio = float(row[-3]), float(row[-2]), float(row[-1])
         assert ratio == pytest.approx(in_mix / alone, abs=0.01)
+
+
+def test_instances_sharing_a_gpu_startone_after_another() -> None:
+    def member(name: str, gpus: tuple[int, ...]) -> Member:
+        return Member(ProcessSpec(name, ("true",)), gpus=gpus)
+
+    big, first, second, cpu = member("a", (0, 1)), member("b", (2,)), member("c", (2,)), member("d", ())
+    waiting = one_after_another([big, first, second, cpu])
+    assert [(m.name, before.name) for m, before in waiting] == [("c", "b")]
+    assert second.held and not (big.held or first.held or cpu.held)

@@ -289,7 +289,7 @@ def test_a_router_refusal_does_not_let_one_late_check_kill_a_long_serving_instan
         sup.tick()
         assert member.state == READY and member.routed
         now[0], member.routed, routing.refusing = 1800.0, False, True  # half an hour on, the router restarted
-        sup._reroute_all()  # ... and refuses it: it waits to join again at its next check
+        sup._reroute_all(sup.router)  # ... and refuses it: it waits to join again at its next check
         assert member.state == STARTING and not member.routed
         now[0] = 1805.0
         sup.tick()  # one check comes late

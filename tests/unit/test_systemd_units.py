@@ -16,7 +16,7 @@ from kiln.setup.types import Plan
 from kiln.wiring import Kiln
 
 KILN_BIN = "/opt/kiln/venv/bin/kiln"
-SERVICES = ("kiln-agent.service", VLLM_TEMPLATE, "kiln-router.service", "kiln-proxy.service")
+SERVICES = ("kiln-agent.service", VLLM_TEMPLATE, "kiln-router.service", "kiln-router@.service", "kiln-proxy.service")
 HOST_UNITS = Path("/usr/lib/systemd/system")
 # cloud-init's own target (upstream systemd/cloud-init.target); enabled by its generator. Its ordering
 # after multi-user.target is what made kiln.target need DefaultDependencies=no.

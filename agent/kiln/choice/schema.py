@@ -6,11 +6,11 @@ import difflib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kiln.choice.items import MAX_MODELS, MODEL_HINTS, LoraAdapter, ModelItem, ModelSettings
+from kiln.choice.items import MAX_MODELS, MODEL_HINTS, SERVED_NAME, LoraAdapter, ModelItem, ModelSettings
 from kiln.perf.workload import WorkloadSpec
 from kiln.validation import message
 
@@ -26,6 +26,9 @@ class NamedKey(BaseModel):
 
     key: str = Field(min_length=16, max_length=256, pattern=KEY_SECRET)
     requests_per_minute: int | None = Field(default=None, ge=1, le=1_000_000)
+    # The served names (models and LoRA adapters) this key may ask for; absent: every model on the machine.
+    models: tuple[Annotated[str, Field(pattern=SERVED_NAME)], ...] | None = Field(default=None, min_length=1,
+                                                                                  max_length=64)
 
 
 class TlsCertificate(BaseModel):

@@ -48,16 +48,29 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     add.add_argument("name")
     add.add_argument("--key", help="the key itself (default: a new random one)")
     add.add_argument("--requests-per-minute", type=int, help="a rate limit for this key (429 beyond it)")
+    add.add_argument("--models", type=_models, help="the served names it may ask for, comma-separated (403 for "
+                     "the others; default: every model)")
     rotate = ksub.add_parser("rotate", help="replace a key; the old one stops working at once")
     rotate.add_argument("name")
     rotate.add_argument("--key", help="the new key (default: a new random one)")
     revoke = ksub.add_parser("revoke", help="stop accepting a key")
     revoke.add_argument("name")
-    limit = ksub.add_parser("limit", help="set or clear a key's requests per minute")
+    limit = ksub.add_parser("limit", help="set or clear a key's requests per minute, or the models it may ask for")
     limit.add_argument("name")
-    limit.add_argument("requests_per_minute", help="a number, or none")
+    limit.add_argument("requests_per_minute", nargs="?", help="a number, or none")
+    limit.add_argument("--models", type=_models, help="the served names it may ask for, comma-separated, or all")
     for p in (show, add, rotate, revoke, limit):
         _common(p)
+
+
+def _models(text: str) -> tuple[str, ...]:
+    """The served names given; () for `all`, which lifts the scope."""
+    if text.strip().lower() == "all":
+        return ()
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("give served model names, comma-separated, or all")
+    return names
 
 
 def _rate(text: str) -> int | None:
@@ -191,8 +204,10 @@ def _show(store: KeyStore, args: argparse.Namespace, agent: LocalAgent) -> int:
             print(f"no keys in {agent.layout.keys_file}" + (f"; revoked: {', '.join(sorted(store.revoked))}"
                                                            if store.revoked else ""))
         else:
-            print(table(["name", "requests/min", "origin"],
-                        [[str(r["name"]), str(r["requests_per_minute"] or "-"), str(r["origin"])] for r in rows]))
+            print(table(["name", "requests/min", "models", "origin"],
+                        [[str(r["name"]), str(r["requests_per_minute"] or "-"),
+                          ",".join(r["models"]) if isinstance(r["models"], list) else "all", str(r["origin"])]
+                         for r in rows]))
         return 0
     key = store.get(args.name)
     if key is None:
@@ -207,9 +222,16 @@ def _show(store: KeyStore, args: argparse.Namespace, agent: LocalAgent) -> int:
 
 def _change(store: KeyStore, args: argparse.Namespace) -> KeyStore:
     if args.action == "add":
-        return store.add(args.name, args.key, args.requests_per_minute)
+        return store.add(args.name, args.key, args.requests_per_minute, args.models or None)
     if args.action == "rotate":
         return store.rotate(args.name, args.key)
     if args.action == "revoke":
         return store.revoke(args.name)
-    return store.limit(args.name, _rate(args.requests_per_minute))
+    if args.requests_per_minute is None and args.models is None:
+        raise ConfigError("give a rate (requests per minute, or none), --models, or both",
+                          fix=f"e.g. `kiln keys limit {args.name} 60` or `kiln keys limit {args.name} --models NAME`")
+    if args.requests_per_minute is not None:
+        store = store.limit(args.name, _rate(args.requests_per_minute))
+    if args.models is not None:
+        store = store.scope(args.name, args.models or None)
+    return store

@@ -8,20 +8,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kiln.choice.items import ModelItem
 from kiln.choice.resolve import settings_file_layer
 from kiln.choice.schema import Choice
 from kiln.cli import planargs
 from kiln.cli.output import gib, print_json, table
 from kiln.errors import KilnError
-from kiln.hardware.model import Machine
 from kiln.planner.placement import Placed, Placement
-from kiln.planner.search import make_plan
-from kiln.planner.several import SeveralPlan, plan_several
-from kiln.profiles.schema import Profile
 from kiln.render.vllm import RenderedInstance, plan_document, render_instances
+from kiln.serve.decide import plan_settings
 from kiln.setup.headline import headline_of
-from kiln.setup.types import Plan, Refusal
 from kiln.wiring import Kiln
 
 
@@ -29,18 +24,6 @@ def read_settings(path: Path) -> tuple[Choice, list[str]]:
     """The file's settings, validated as `kiln up --config` reads them; each problem as a line."""
     layer = settings_file_layer(path, "give a readable settings file of `key: value` lines (docs/user-data.md)")
     return Choice(**layer.values), [p.text() for p in layer.problems]
-
-
-def plan_settings(kiln: Kiln, machine: Machine, choice: Choice, source: str = "settings") -> SeveralPlan:
-    def load(item: ModelItem) -> Profile:
-        if item.model:
-            return kiln.profile(None, item.model, choice.hf_token, item.revision)
-        return kiln.catalog().get(item.profile or "")
-
-    def plan_one(on: Machine, profile: Profile, settings: Choice) -> Plan | Refusal:
-        return make_plan(on, profile, settings, kiln.constants)
-
-    return plan_several(machine, choice, load, kiln.constants, plan_one, source=source)
 
 
 def cmd_plan_config(kiln: Kiln, args: argparse.Namespace) -> int:

@@ -40,7 +40,7 @@ def make_cpu_plan(machine: Machine, profile: Profile, choice: Choice, c: Constan
         max_num_batched_tokens=batched, kv_cache_dtype="auto", quantization=None, enable_prefix_caching=True,
         speculative_config=None, compilation_config=None, tool_call_parser=profile.serving.tool_call_parser,
         reasoning_parser=profile.serving.reasoning_parser, trust_remote_code=profile.serving.trust_remote_code,
-        extra_args=profile.serving.extra_args, device="cpu",
+        extra_args=profile.serving.extra_args, device="cpu", task=profile.task,
     )
     first_port = c.get("planning", "first_instance_port")
     plans = tuple(

@@ -19,7 +19,7 @@ from kiln.choice.schema import Choice
 from kiln.hardware.model import Machine
 from kiln.planner.plan import GIB, device_minor, fit_plans
 from kiln.profiles.schema import Profile
-from kiln.setup.types import Constants, Plan, Refusal
+from kiln.setup.types import Constants, LoraModule, Plan, Refusal
 
 PlanOne = Callable[[Machine, Profile, Choice], "Plan | Refusal"]
 
@@ -32,6 +32,12 @@ class Wanted:
     item: ModelItem
     profile: Profile
     served_names: tuple[str, ...]
+    adapters: tuple[LoraModule, ...] = ()  # LoRA adapters served with it, each under its own name
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a request may give for it: its own and its adapters'."""
+        return (*self.served_names, *(a.name for a in self.adapters))
 
     @property
     def name(self) -> str:
@@ -126,33 +132,37 @@ def _fits_alone(plan: Plan, gpu_memory: int) -> int:
 
 
 def place(machine: Machine, wanted: Sequence[Wanted], base: Choice, constants: Constants,
-          plan_one: PlanOne) -> Placement:
+          plan_one: PlanOne, first_port: int | None = None) -> Placement:
     """Each model's GPUs and plan; what cannot be placed is refused on its own, saying what would fit."""
     refused: list[Unplaced] = []
     notes: list[str] = []
-    gpu_memory = min(g.memory_bytes for g in machine.gpus) - int(constants.get("vllm", "driver_reserved_bytes"))
+    reserved = int(constants.get("vllm", "driver_reserved_bytes"))
+    gpu_memory = min((g.memory_bytes for g in machine.gpus), default=0) - reserved
     default_share = float(constants.get("vllm", "default_gpu_memory_utilization"))
     headroom = int(constants.get("vllm", "cudagraph_capture_overrun_bytes"))
-    first_port = int(constants.get("planning", "first_instance_port"))
+    if first_port is None:
+        first_port = int(constants.get("planning", "first_instance_port"))
 
     def choice_of(w: Wanted, share: float | None = None) -> Choice:
         own = base.with_item(w.item)
         return own if share is None else own.model_copy(update={"gpu_memory_utilization": share})
 
-    pool = _Pool(list(range(machine.gpu_count)))
-    placed: list[tuple[Wanted, tuple[int, ...], float | None, Plan | Refusal]] = []
     named: dict[str, Wanted] = {}
     listed: list[Wanted] = []
+    cpu: list[Wanted] = []
     counted: list[Wanted] = []
     small: list[Wanted] = []
     large: list[Wanted] = []
     for w in wanted:
-        taken = next((named[n] for n in w.served_names if n in named), None)
-        if taken is not None:
-            refused.append(Unplaced(w, f"the name {w.name} is already served by {taken.label}",
+        twice = next((n for n in w.names if n in named), None)
+        if twice is not None:
+            refused.append(Unplaced(w, f"the name {twice} is already served by {named[twice].label}",
                                     ("give one of them another `name`",)))
             continue
-        named.update(dict.fromkeys(w.served_names, w))
+        named.update(dict.fromkeys(w.names, w))
+        if not machine.gpus:
+            cpu.append(w)
+            continue
         gpus = w.item.gpus
         if isinstance(gpus, tuple):
             listed.append(w)
@@ -163,6 +173,10 @@ def place(machine: Machine, wanted: Sequence[Wanted], base: Choice, constants: C
         else:
             large.append(w)
 
+    if not machine.gpus:
+        return _on_cpu(machine, cpu, choice_of, plan_one, refused, first_port)
+    pool = _Pool(list(range(machine.gpu_count)))
+    placed: list[tuple[Wanted, tuple[int, ...], float | None, Plan | Refusal]] = []
     for w in listed:  # the GPUs the owner named
         gpus = w.item.gpus if isinstance(w.item.gpus, tuple) else ()
         missing = [g for g in gpus if g >= machine.gpu_count]
@@ -264,6 +278,33 @@ def place(machine: Machine, wanted: Sequence[Wanted], base: Choice, constants: C
     return _finish(machine, placed, refused, notes, first_port)
 
 
+def _on_cpu(machine: Machine, wanted: list[Wanted], choice_of: Callable[[Wanted], Choice], plan_one: PlanOne,
+            refused: list[Unplaced], first_port: int) -> Placement:
+    """A machine without GPUs (vLLM's CPU backend): one instance per model unless its item asks for more, the
+    cores split evenly between all instances, or taken in turn when the instances outnumber them."""
+    planned: list[tuple[Wanted, Plan | Refusal]] = []
+    for w in wanted:
+        own = choice_of(w)
+        planned.append((w, plan_one(machine, w.profile, own if own.instances else
+                                    own.model_copy(update={"instances": 1}))))
+    count = sum(len(p.instances) for _, p in planned if isinstance(p, Plan))
+    cores = machine.host.cpu_count
+    per = max(cores // max(count, 1), 1)
+    placed: list[tuple[Wanted, tuple[int, ...], float | None, Plan | Refusal]] = []
+    n = 0
+    for w, made in planned:
+        if isinstance(made, Plan):
+            moved = []
+            for inst in made.instances:
+                start = (n * per) % cores
+                cpus = tuple(range(start, start + per))
+                moved.append(replace(inst, cpus=cpus, omp_cpus=cpus))
+                n += 1
+            made = replace(made, instances=tuple(moved))  # noqa: PLW2901 -- the same plan on its own cores
+        placed.append((w, (), None, made))
+    return _finish(machine, placed, refused, [], first_port)
+
+
 def _finish(machine: Machine, placed: list[tuple[Wanted, tuple[int, ...], float | None, Plan | Refusal]],
             refused: list[Unplaced], notes: list[str], first_port: int) -> Placement:
     """Plans on the machine's GPUs and ports, in the order of `models:`; who shares a GPU with whom."""
@@ -274,7 +315,8 @@ def _finish(machine: Machine, placed: list[tuple[Wanted, tuple[int, ...], float 
             refused.append(Unplaced(w, plan.reason, plan.suggestions))
             continue
         moved = _on_machine(machine, plan, gpus, port, index, share)
-        moved = replace(moved, engine=replace(moved.engine, served_model_names=w.served_names))
+        moved = replace(moved, engine=replace(moved.engine, served_model_names=w.served_names,
+                                              lora_modules=w.adapters))
         port += len(moved.instances)
         index += len(moved.instances)
         done.append(Placed(w, gpus, share, moved))

@@ -8,16 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kiln.choice.items import ModelItem
+from kiln.choice.items import LoraAdapter, ModelItem
 from kiln.choice.schema import Choice, Problem
 from kiln.errors import KilnError
 from kiln.hardware.model import Machine
 from kiln.planner.placement import Placement, PlanOne, Wanted, place
 from kiln.planner.plan import served_names
 from kiln.profiles.schema import Profile
-from kiln.setup.types import Constants
+from kiln.setup.types import Constants, LoraModule
 
 LoadProfile = Callable[[ModelItem], Profile]
+ReadAdapter = Callable[[LoraAdapter], LoraModule]
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,10 @@ def with_task(profile: Profile, item: ModelItem) -> Profile:
     return profile.model_copy(update=update) if update else profile
 
 
-def wanted_models(items: Sequence[ModelItem], load: LoadProfile, source: str) -> tuple[list[Wanted], list[Problem]]:
-    """Each item with its profile; an item whose model cannot be read is reported on its own."""
+def wanted_models(items: Sequence[ModelItem], load: LoadProfile, source: str,
+                  read_adapter: ReadAdapter) -> tuple[list[Wanted], list[Problem]]:
+    """Each item with its profile and adapters; an item whose model cannot be read, or an adapter, is reported on
+    its own."""
     wanted: list[Wanted] = []
     problems: list[Problem] = []
     for n, item in enumerate(items):
@@ -59,20 +62,24 @@ def wanted_models(items: Sequence[ModelItem], load: LoadProfile, source: str) ->
             problems.append(Problem(source, field, f"{exc.what}; this model is not served",
                                     exc.fix or "fix the item; the other models are served without it"))
             continue
-        if item.lora:
-            problems.append(Problem(source, f"models[{n}].lora", f"{len(item.lora)} LoRA adapter(s) given; kiln "
-                                    "does not serve adapters, so the base model is served without them",
-                                    "serve an adapter merged into its base as a model of its own (`model: ORG/NAME`)"))
+        adapters: list[LoraModule] = []
+        for k, adapter in enumerate(item.lora):
+            try:
+                adapters.append(read_adapter(adapter))
+            except KilnError as exc:
+                problems.append(Problem(source, f"models[{n}].lora[{k}]", f"{exc.what}; the model is served "
+                                        "without it", exc.fix or "fix the adapter; the model and the others serve"))
         names = (item.name,) if item.name else served_names(profile)
-        wanted.append(Wanted(n, item, profile, names))
+        wanted.append(Wanted(n, item, profile, names, tuple(adapters)))
     return wanted, problems
 
 
 def plan_several(machine: Machine, choice: Choice, load: LoadProfile, constants: Constants, plan_one: PlanOne,
-                 source: str = "models") -> SeveralPlan:
-    """The models' placement on `machine`, with a problem for each model that cannot be served and why."""
-    wanted, problems = wanted_models(items_of(choice), load, source)
-    placement = place(machine, wanted, choice, constants, plan_one)
+                 read_adapter: ReadAdapter, source: str = "models", first_port: int | None = None) -> SeveralPlan:
+    """The models' placement on `machine`, with a problem for each model that cannot be served and why; the
+    instances' ports from `first_port` (default: the planner's)."""
+    wanted, problems = wanted_models(items_of(choice), load, source, read_adapter)
+    placement = place(machine, wanted, choice, constants, plan_one, first_port)
     for unplaced in placement.refused:
         problems.append(Problem("plan", f"models[{unplaced.wanted.position}]",
                                 f"{unplaced.wanted.name}: {unplaced.reason}; this model is not served",

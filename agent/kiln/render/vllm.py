@@ -139,12 +139,16 @@ def vllm_args(plan: Plan, instance: InstancePlan, runtime: Runtime, *, local_mod
         args += ["--speculative-config", _compact(e.speculative_config)]
     if e.compilation_config:
         args += ["--compilation-config", _compact(e.compilation_config)]
-    if e.tool_call_parser:
+    if e.tool_call_parser and e.task == "chat":
         args += ["--enable-auto-tool-choice", "--tool-call-parser", e.tool_call_parser]
-    if e.reasoning_parser:
+    if e.reasoning_parser and e.task == "chat":
         args += ["--reasoning-parser", e.reasoning_parser]
     if e.trust_remote_code:
         args.append("--trust-remote-code")
+    if e.lora_modules:  # every adapter stays loaded on the GPU: no request waits on a swap from the CPU
+        count = str(len(e.lora_modules))
+        args += ["--enable-lora", "--max-loras", count, "--max-cpu-loras", count, "--max-lora-rank",
+                 str(e.max_lora_rank), "--lora-modules", *(f"{m.name}={m.path}" for m in e.lora_modules)]
     if runtime.key_usage_path:
         args += ["--middleware", KEY_USAGE_MIDDLEWARE, "--middleware", GUARD_MIDDLEWARE]
     args += list(e.extra_args)

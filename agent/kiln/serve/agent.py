@@ -40,7 +40,7 @@ from kiln.serve.drain import drain
 from kiln.serve.endpoint import Endpoint
 from kiln.serve.front.front import Front
 from kiln.serve.front.nginx_workers import serving_workers, wait_in_force
-from kiln.serve.front.proxy import ProxySettings, find_nginx, nginx_argv
+from kiln.serve.front.proxy import ModelRoute, ProxySettings, find_nginx, find_njs_module, nginx_argv
 from kiln.serve.front.secretfiles import write_private
 from kiln.serve.layout import ServeLayout
 from kiln.serve.models import Milestones, ModelStep
@@ -48,7 +48,7 @@ from kiln.serve.processes.assembly import Assembly, log_file
 from kiln.serve.processes.ownership import keep_for_root
 from kiln.serve.processes.probes import http_probe, served_certificate_sha256
 from kiln.serve.processes.router import RouterClient, RouterSettings, find_router, router_argv
-from kiln.serve.processes.supervisor import Member, Supervisor, SupervisorSettings
+from kiln.serve.processes.supervisor import READY, Member, RouterLink, Supervisor, SupervisorSettings
 from kiln.serve.reports.health import HealthServer
 from kiln.serve.reports.notify import sd_notify
 from kiln.serve.reports.reports import Reports
@@ -116,6 +116,7 @@ class Agent:
         self.renewal_requested = threading.Event()
         self._rollout: threading.Thread | None = None
         self._verdict: HubVerdict | None = None
+        self._waiting: list[tuple[Member, Member]] = []  # an instance held until the one before it on its GPU serves
         self.membership: Membership | None = None  # this machine's part of a cluster
         self.node_watch: NodeWatch | None = None
 
@@ -141,6 +142,7 @@ class Agent:
                     forced = self.renewal_requested.is_set()
                     self.renewal_requested.clear()
                     self.endpoint.renew(force=forced)
+                self._release_waiting()
                 if time.monotonic() >= next_meter:
                     next_meter = time.monotonic() + METER_INTERVAL_S
                     self.reports.meter()
@@ -306,7 +308,8 @@ class Agent:
     def _caches_for(self, decision: Decision) -> Caches:
         """Where this plan's caches go: the disk that holds its files already, else the roomiest."""
         assert decision.plan is not None and decision.profile is not None
-        repos = [n.repo for n in repos_for(decision.plan, decision.profile.local_model)]
+        served = [(m.plan, m.profile) for m in decision.models] or [(decision.plan, decision.profile)]
+        repos = [n.repo for plan, profile in served for n in repos_for(plan, profile.local_model)]
         return place_caches(self.kiln.mounts(), self.options.layout.state_dir, repos)
 
     def _use_caches(self, caches: Caches) -> None:
@@ -317,8 +320,9 @@ class Agent:
     def _max_in_flight(self, decision: Decision) -> int:
         """nginx's bound on requests in flight: the option, else QUEUE_FACTOR x the instances' batch slots."""
         assert decision.plan is not None
+        served = [(m.plan, m.rendered) for m in decision.models] or [(decision.plan, decision.rendered)]
         return (self.options.max_in_flight
-                or QUEUE_FACTOR * decision.plan.engine.max_num_seqs * len(decision.rendered))
+                or sum(QUEUE_FACTOR * plan.engine.max_num_seqs * len(rendered) for plan, rendered in served))
 
     def _doctor(self, decision: Decision, verdict: HubVerdict | None) -> Report:
         assert decision.plan is not None and decision.profile is not None
@@ -396,7 +400,11 @@ class Agent:
         if not router:
             raise KilnError("vllm-router is not installed", fix="pip install vllm-router in kiln's environment")
         settings = ProxySettings(max_in_flight=self._max_in_flight(decision), worker_user=options.proxy_user,
-                                 instance_ports=tuple(r.port for r in decision.rendered))
+                                 instance_ports=tuple(r.port for r in decision.rendered),
+                                 routes=tuple(ModelRoute(m.names, self._router_layout(n).router_port,
+                                                         tuple(r.port for r in m.rendered))
+                                              for n, m in enumerate(decision.models)),
+                                 njs_module=find_njs_module())
         own_host = layout.local_host if layout.public_host in ("0.0.0.0", "::") else layout.public_host
         self.endpoint = Endpoint(Front(layout, settings, nginx=nginx),
                                  self.state, options.advertised_host, options.tls_names, self._write_motd_text,
@@ -410,10 +418,37 @@ class Agent:
         instances = [self.parts.instance(r) for r in decision.rendered]
         for member in instances if decision.node else ():
             member.held = True  # the cluster's head starts its engine once every node answers
-        self.parts.write_runtime([proxy, router_member, *instances])
+        links = []
+        for n, served in enumerate(decision.models[1:], start=1):  # one router per model (docs/serving.md)
+            own = self._router_layout(n)
+            link = RouterLink(Member(ProcessSpec(f"router-{n}", router_argv(router, own, options.router),
+                                                 log_file=log_file(self.parts.logs, f"router-{n}")),
+                                     probe_url=f"{own.router_url}/health"), RouterClient(own.router_url))
+            links.append(link)
+            for rendered in served.rendered:
+                member = self.parts.instance(rendered)
+                member.via = link
+                instances.append(member)
+        self._waiting = one_after_another(instances)
+        self.parts.write_runtime([proxy, router_member, *(link.member for link in links), *instances])
         return Supervisor(launcher=self.parts.make_launcher(decision), routing=RouterClient(layout.router_url),
                           probe=http_probe, settings=options.supervisor, router=router_member, others=[proxy],
-                          instances=instances)
+                          instances=instances, more_routers=links)
+
+    def _release_waiting(self) -> None:
+        """Start an instance held for the one before it on its GPU, once that one serves."""
+        for member, before in list(self._waiting):
+            if before.state == READY and self.supervisor is not None:
+                self._waiting.remove((member, before))
+                self.supervisor.release(member)
+
+    def _router_layout(self, n: int) -> ServeLayout:
+        """Where model n's router listens: the layout's ports for the first, two ports further for each next."""
+        layout = self.options.layout
+        if n == 0:
+            return layout
+        return dataclasses.replace(layout, router_port=layout.router_port + 2 * n,
+                                   router_metrics_port=layout.router_metrics_port + 2 * n)
 
     def _worker_supervisor(self, decision: Decision) -> Supervisor:
         """A cluster's worker node: only its engine, headless, started for the head's generation (NodeWatch)."""
@@ -512,6 +547,16 @@ class Agent:
                         "kiln-agent on each); keys and the certificate changed now")
             return None
         decision = decide(self.kiln, self.options.machine, resolved, self._runtime)
+        if (decision.models or (self.decision and self.decision.models)) and decision.plan is not None:
+            caches = self._caches_for(decision)
+            decision.render(caches.runtime(self._runtime))
+            if decision.plan_report() != self.state.plan:
+                what = ("reload: the models to serve changed; with several models the new plan is served at the next "
+                        "restart of kiln")
+                log.warning("%s", what)
+                self.state.fail(what, "restart kiln (`systemctl restart kiln-agent`, or `kiln up` again)",
+                                origin="reload")
+            return None
         decision, self._verdict = self._models.check(decision, resolved)
         if decision.failure or decision.plan is None:
             what, fix = decision.failure or ("no plan", "")
@@ -607,6 +652,18 @@ class Agent:
     # -- reports -----------------------------------------------------------------------------------------------
     def metrics(self) -> bytes:
         return self.reports.metrics()
+
+
+def one_after_another(instances: list[Member]) -> list[tuple[Member, Member]]:
+    """Instances that share a GPU start one after another: concurrent starts measure each other's memory as used
+    and shrink each other's KV cache, or fail (vllm#55827). Each is held until the one before it on its GPUs serves."""
+    waiting = []
+    for n, member in enumerate(instances):
+        before = next((m for m in reversed(instances[:n]) if set(m.gpus) & set(member.gpus)), None)
+        if before is not None and member.gpus:
+            member.held = True
+            waiting.append((member, before))
+    return waiting
 
 
 def configure_logging(verbose: bool = False) -> None:

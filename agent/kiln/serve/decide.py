@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kiln.choice.items import LoraAdapter, ModelItem
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import SECRET_FIELDS, Choice, Problem, tls_summary
 from kiln.choice.select import FALLBACK_PROFILE, select_profile
@@ -21,10 +22,11 @@ from kiln.perf.predict import kiln_steps
 from kiln.perf.workload import resolve as resolve_workload
 from kiln.planner.cluster import ClusterPlan, Fleet, cpu_pipeline, plan_cluster
 from kiln.planner.search import choose, make_plan, plan_of
+from kiln.planner.several import SeveralPlan, plan_several
 from kiln.profiles.schema import Profile
 from kiln.render.cluster import Node, node_argv, node_env
 from kiln.render.vllm import RenderedInstance, Runtime, plan_document, render_instances
-from kiln.setup.types import Plan, Refusal
+from kiln.setup.types import LoraModule, Plan, Refusal
 from kiln.wiring import Kiln
 
 # Choice fields that override the planner; without them a profile gets the planner's own settings. Every other
@@ -37,6 +39,28 @@ NOT_OVERRIDES = ("profile", "model", "revision", "api_key", "hf_token", "price_p
 
 
 @dataclass
+class ServedModel:
+    """One more model beside the first when a machine serves several: its plan, its names and its instances."""
+
+    name: str
+    profile: Profile
+    plan: Plan
+    gpus: tuple[int, ...]
+    share: float | None
+    rendered: list[RenderedInstance] = field(default_factory=list)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """What clients may ask for in `model`: its names and its adapters'."""
+        return self.plan.engine.served_and_adapters
+
+    def report(self) -> dict[str, Any]:
+        return {"name": self.name, "profile": self.profile.name, "task": self.profile.task, "gpus": list(self.gpus),
+                "memory_share": self.share, "served_names": list(self.names),
+                "plan": plan_document(self.plan, self.rendered, max(len(self.gpus), 1))}
+
+
+@dataclass
 class Decision:
     choice: ResolvedChoice
     problems: list[Problem] = field(default_factory=list)
@@ -46,10 +70,18 @@ class Decision:
     rendered: list[RenderedInstance] = field(default_factory=list)
     failure: tuple[str, str] | None = None  # what, fix: nothing can be served
     node: Node | None = None  # this machine's part of a cluster; None: it serves alone
+    # With several models: every one, the first included (whose plan, profile and instances are the fields above)
+    models: list[ServedModel] = field(default_factory=list)
 
     def render(self, runtime: Runtime) -> None:
         """The plan's instances for this runtime; again when the runtime changes after planning (the cache disk)."""
         if not (self.plan and self.profile):
+            return
+        placed = replace(runtime, first_instance_port=None)  # placement gave every model's instances their ports
+        for served in self.models:
+            served.rendered = render_instances(served.plan, placed, local_model=served.profile.local_model)
+        if self.models:
+            self.rendered = self.models[0].rendered
             return
         local = self.profile.local_model
         if self.node is None:
@@ -72,7 +104,15 @@ class Decision:
     def plan_report(self) -> dict[str, Any] | None:
         if not (self.plan and self.machine):
             return None
-        return plan_document(self.plan, self.rendered, self.machine.gpu_count)
+        document = plan_document(self.plan, self.rendered, self.machine.gpu_count)
+        if self.models:
+            document["models"] = [served.report() for served in self.models]
+        return document
+
+    @property
+    def all_rendered(self) -> list[RenderedInstance]:
+        """Every instance on the machine, of every model."""
+        return [r for served in self.models for r in served.rendered] if self.models else self.rendered
 
 
 def _refusal_problem(refusal: Refusal, profile: str, then: str) -> Problem:
@@ -98,6 +138,53 @@ def first_of_several(choice: Choice) -> tuple[Choice, Problem | None]:
                            "this machine; serve the others from droplets of their own")
 
 
+def serves_several(choice: Choice) -> bool:
+    """`models:` that asks more than one model, or of its one model what only placement does (its own name, GPUs,
+    task or adapters)."""
+    if not choice.models:
+        return False
+    first = choice.models[0]
+    return len(choice.models) > 1 or any(getattr(first, key) for key in ("name", "gpus", "task", "lora"))
+
+
+def plan_settings(kiln: Kiln, machine: Machine, choice: Choice, source: str = "settings",
+                  hub_cache: Path | None = None, first_port: int | None = None) -> SeveralPlan:
+    """The models of a settings file placed on `machine`, each with its plan: what `kiln plan --config` prints and
+    what the agent serves."""
+    def load(item: ModelItem) -> Profile:
+        if item.model:
+            return kiln.profile(None, item.model, choice.hf_token, item.revision, hub_cache)
+        return kiln.catalog().get(item.profile or "")
+
+    def plan_one(on: Machine, profile: Profile, settings: Choice) -> Plan | Refusal:
+        return make_plan(on, profile, settings, kiln.constants)
+
+    def read_adapter(adapter: LoraAdapter) -> LoraModule:
+        return kiln.adapter(adapter.name, adapter.source, adapter.revision, choice.hf_token, hub_cache)
+
+    return plan_several(machine, choice, load, kiln.constants, plan_one, read_adapter, source=source,
+                        first_port=first_port)
+
+
+def _decide_several(kiln: Kiln, decision: Decision, choice: Choice, runtime: Runtime) -> Decision:
+    """Every model of `models:` that fits, each with its GPUs and plan; one that cannot be served is reported and
+    the others serve."""
+    assert decision.machine is not None
+    hub_cache = Path(runtime.hf_home) / "hub" if runtime.hf_home else None
+    several = plan_settings(kiln, decision.machine, choice, "models", hub_cache, runtime.first_instance_port)
+    decision.problems += several.problems
+    placed = several.placement.placed
+    if not placed:
+        decision.failure = (f"none of the {len(choice.models or ())} models can be served on "
+                            f"{decision.machine.name}",
+                            "see the problems on /status; `kiln plan --config FILE` shows what would fit")
+        return decision
+    decision.models = [ServedModel(p.wanted.name, p.wanted.profile, p.plan, p.gpus, p.share) for p in placed]
+    decision.profile, decision.plan = placed[0].wanted.profile, placed[0].plan
+    decision.render(runtime)
+    return decision
+
+
 def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runtime: Runtime,
            fallback: str = FALLBACK_PROFILE, detect: Callable[[str | None], Machine] | None = None,
            membership: Membership | None = None) -> Decision:
@@ -109,6 +196,8 @@ def decide(kiln: Kiln, machine_spec: str | None, resolved: ResolvedChoice, runti
         return decision
     catalog = kiln.catalog()
     choice = resolved.choice
+    if serves_several(choice) and membership is None:
+        return _decide_several(kiln, decision, choice, runtime)
     if choice.models:
         choice, problem = first_of_several(choice)
         resolved = replace(resolved, choice=choice)

@@ -34,6 +34,19 @@ class InstancePlan:
     omp_cpus: tuple[int, ...] = ()  # CPU backend: the cores of the OpenMP threads; the rest of `cpus` is spare
 
 
+# The ranks vLLM takes for --max-lora-rank (vllm/config/lora.py).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True)
+class LoraModule:
+    """A LoRA adapter served with its base model: the name clients ask for, its folder (or Hub id), its rank."""
+
+    name: str
+    path: str
+    rank: int
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     model: str
@@ -58,6 +71,18 @@ class EngineSettings:
     enable_expert_parallel: bool = False  # routed experts spread over tp x dp GPUs instead of split by tp
     pipeline_parallel_size: int = 1  # stages of layers, one per node in a cluster
     task: str = "chat"  # chat: generates; embed or rerank: vLLM's pooling runner
+    lora_modules: tuple[LoraModule, ...] = ()  # adapters served beside the base model, under their own names
+
+    @property
+    def max_lora_rank(self) -> int:
+        """The largest adapter's rank, rounded up to one vLLM takes."""
+        largest = max((m.rank for m in self.lora_modules), default=0)
+        return next((r for r in LORA_RANKS if r >= largest), LORA_RANKS[-1])
+
+    @property
+    def served_and_adapters(self) -> tuple[str, ...]:
+        """Every name a request may give in `model` for this engine."""
+        return (*self.served_model_names, *(m.name for m in self.lora_modules))
 
     @property
     def schedulers(self) -> int:

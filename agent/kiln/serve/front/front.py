@@ -183,7 +183,12 @@ class Front:
         for sub in ("tmp", "logs"):
             (self.layout.proxy_config.parent / sub).mkdir(parents=True, exist_ok=True)
         self.layout.acme_webroot.mkdir(parents=True, exist_ok=True)
-        text = nginx_config(self.layout, self.settings, self.keys, self.tls.files)
+        try:
+            text = nginx_config(self.layout, self.settings, self.keys, self.tls.files)
+        except ValueError as exc:  # what the configuration cannot say: nothing is written, the live one stays
+            raise FrontConfigError(f"{exc}; the endpoint keeps the configuration before the change",
+                                   fix="install what it names, or undo the change (`kiln keys list`), then "
+                                   "`kiln reload`") from exc
         live = self.layout.proxy_config
         if self.nginx is None:
             write_private(live, text)

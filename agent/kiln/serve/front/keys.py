@@ -10,10 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kiln.choice.items import SERVED_NAME
 from kiln.choice.schema import KEY_NAME, KEY_SECRET, NamedKey
 
 KEY_PREFIX = "kiln-"
 DEFAULT_NAME = "default"  # the single `api_key` of user-data, and the key kiln makes when none is given
+MAX_SCOPED_MODELS = 64
 
 
 class KeyChangeError(ValueError):
@@ -37,9 +39,14 @@ class ApiKey:
     secret: str
     requests_per_minute: int | None = None
     origin: str = "kiln keys"  # user-data, kiln keys, generated
+    models: tuple[str, ...] | None = None  # the served names (models and adapters) it may ask for; None: every one
 
     def public(self) -> dict[str, object]:
-        return {"name": self.name, "requests_per_minute": self.requests_per_minute, "origin": self.origin}
+        return {"name": self.name, "requests_per_minute": self.requests_per_minute, "origin": self.origin,
+                "models": list(self.models) if self.models is not None else None}
+
+    def allows(self, model: str) -> bool:
+        return self.models is None or model in self.models
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,12 @@ class KeyStore:
         rate = key.requests_per_minute
         if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool) or not 1 <= rate <= 1_000_000):
             raise KeyChangeError("a rate limit is a whole number of requests per minute, 1 to 1,000,000")
+        if key.models is not None:
+            bad = next((m for m in key.models if not isinstance(m, str) or not re.fullmatch(SERVED_NAME, m)), None)
+            if not key.models or bad is not None or len(key.models) > MAX_SCOPED_MODELS:
+                raise KeyChangeError(f"a key's models are 1 to {MAX_SCOPED_MODELS} served names (letters, digits and "
+                                     "._:/-), as clients send them in `model`" + (f"; not {str(bad)[:40]!r}"
+                                                                                   if bad is not None else ""))
         if any(k.secret == key.secret and k.name != key.name for k in self.keys):
             raise KeyChangeError("that key is already in use under another name")
 
@@ -73,10 +86,11 @@ class KeyStore:
         kept = tuple(k for k in self.keys if k.name != key.name)
         return KeyStore(tuple(sorted((*kept, key), key=lambda k: k.name)), self.revoked - {key.name})
 
-    def add(self, name: str, secret: str | None = None, requests_per_minute: int | None = None) -> KeyStore:
+    def add(self, name: str, secret: str | None = None, requests_per_minute: int | None = None,
+            models: tuple[str, ...] | None = None) -> KeyStore:
         if self.get(name):
             raise KeyChangeError(f"a key named {name!r} exists; `kiln keys rotate {name}` replaces its key")
-        return self._put(ApiKey(name, secret or generate_key(), requests_per_minute))
+        return self._put(ApiKey(name, secret or generate_key(), requests_per_minute, models=models))
 
     def rotate(self, name: str, secret: str | None = None) -> KeyStore:
         old = self.get(name)
@@ -90,6 +104,13 @@ class KeyStore:
             raise KeyChangeError(f"no key named {name!r}")
         return self._put(replace(old, requests_per_minute=requests_per_minute))
 
+    def scope(self, name: str, models: tuple[str, ...] | None) -> KeyStore:
+        """The models a key may ask for; None: every model served here."""
+        old = self.get(name)
+        if old is None:
+            raise KeyChangeError(f"no key named {name!r}")
+        return self._put(replace(old, models=models))
+
     def revoke(self, name: str) -> KeyStore:
         if self.get(name) is None:
             raise KeyChangeError(f"no key named {name!r}")
@@ -102,7 +123,7 @@ class KeyStore:
             if name in self.revoked:
                 continue
             current = store.get(name)
-            wanted = ApiKey(name, spec.key, spec.requests_per_minute, "user-data")
+            wanted = ApiKey(name, spec.key, spec.requests_per_minute, "user-data", spec.models)
             # A key changed on the machine (`kiln keys rotate`) stays changed; user-data's own edits apply.
             if current is None or (current.origin in ("user-data", "generated") and current != wanted):
                 store = store._put(wanted)
@@ -117,7 +138,8 @@ class KeyStore:
 
     def to_json(self) -> str:
         return json.dumps({"keys": [{"name": k.name, "key": k.secret, "requests_per_minute": k.requests_per_minute,
-                                     "origin": k.origin} for k in self.keys],
+                                     "origin": k.origin, **({"models": list(k.models)} if k.models is not None else {})}
+                                    for k in self.keys],
                            "revoked": sorted(self.revoked)}, indent=2) + "\n"
 
     @staticmethod
@@ -143,7 +165,9 @@ class KeyStore:
             if not isinstance(name, str) or not isinstance(secret, str) or not isinstance(origin, str):
                 dropped.append(f"{label} has no name or key as text")
                 continue
-            key = ApiKey(name, secret, entry.get("requests_per_minute"), origin)
+            models = entry.get("models")
+            key = ApiKey(name, secret, entry.get("requests_per_minute"), origin,
+                         tuple(models) if isinstance(models, list) else models)
             try:
                 if store.get(name):
                     raise KeyChangeError("its name is given twice; the first is kept")

@@ -76,8 +76,9 @@ class Assembly:
         assert decision.plan is not None
         state_dir = self.layout.state_dir
         elsewhere = tuple(str(f) for f in self.caches.folders if state_dir not in (f, *f.parents))
-        return {r.name: instance_dropin(r, profile=decision.plan.profile, writable=elsewhere)
-                for r in decision.rendered}
+        profiles = {r.name: m.plan.profile for m in decision.models for r in m.rendered}
+        return {r.name: instance_dropin(r, profile=profiles.get(r.name, decision.plan.profile), writable=elsewhere)
+                for r in decision.all_rendered}
 
     def use_dropins(self, decision: Decision) -> None:
         """A new plan's drop-ins, for the units started from now on."""
@@ -86,11 +87,13 @@ class Assembly:
 
     def make_local_model(self, decision: Decision) -> None:
         assert decision.plan is not None and decision.profile is not None
-        if decision.profile.local_model and decision.profile.cpu_only:
-            target = self.layout.models_dir / decision.plan.engine.model
-            if not (target / "config.json").exists():
-                log.info("making the tiny model in %s", target)
-                make_tiny_model(decision.profile, target)
+        served = [(m.profile, m.plan) for m in decision.models] or [(decision.profile, decision.plan)]
+        for profile, plan in served:
+            if profile.local_model and profile.cpu_only:
+                target = self.layout.models_dir / plan.engine.model
+                if not (target / "config.json").exists():
+                    log.info("making the tiny model in %s", target)
+                    make_tiny_model(profile, target)
 
     def write_runtime(self, members: list[Member]) -> None:
         """What `kiln agent exec NAME` (each unit's ExecStart) starts: argv and environment, no secret."""

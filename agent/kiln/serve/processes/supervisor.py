@@ -87,6 +87,7 @@ class Member:
     held: bool = False  # kept stopped until release(); set before start() to start it later
     launches: int = 0  # how many times it has been started
     gpus: tuple[int, ...] = ()  # the GPUs it holds while it runs
+    via: RouterLink | None = None  # the router of its model, when it is not the supervisor's own (several models)
 
     @property
     def name(self) -> str:
@@ -99,6 +100,14 @@ class Member:
                 "url": self.route_url,
                 "state_for_s": round(now - self.state_since, 1), "last_exit_code": self.last_exit,
                 "last_error": self.last_error, "log_file": str(self.spec.log_file) if self.spec.log_file else None}
+
+
+@dataclass(frozen=True)
+class RouterLink:
+    """A router of its own for some instances: with several models, one router per model."""
+
+    member: Member
+    routing: Routing
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,7 @@ class Supervisor:
     others: list[Member] = field(default_factory=list)  # started first, supervised without a probe or a route
     instances: list[Member] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    more_routers: list[RouterLink] = field(default_factory=list)  # the other models' routers (Member.via)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()  # the members' fields that /status reads
@@ -133,7 +143,22 @@ class Supervisor:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def members(self) -> list[Member]:
-        return [*self.others, *([self.router] if self.router else []), *self.instances]
+        return [*self.others, *self.routers(), *self.instances]
+
+    def routers(self) -> list[Member]:
+        return [*([self.router] if self.router else []), *(link.member for link in self.more_routers)]
+
+    def _is_router(self, member: Member) -> bool:
+        return any(member is router for router in self.routers())
+
+    def _router_of(self, member: Member) -> Member | None:
+        return member.via.member if member.via else self.router
+
+    def _routing_of(self, member: Member) -> Routing:
+        return member.via.routing if member.via else self.routing
+
+    def _instances_of(self, router: Member) -> list[Member]:
+        return [m for m in self.instances if self._router_of(m) is router]
 
     def start(self) -> None:
         now = self.clock()
@@ -266,21 +291,26 @@ class Supervisor:
         for member, ok in zip(due, results, strict=True):
             member.next_probe = now + self.settings.probe_interval_s
             self._after_probe(member, ok, now)
-        if self.router is not None and self.router.state == READY and now >= self._next_view:
+        if now >= self._next_view:
             self._next_view = now + self.settings.probe_interval_s
-            self._read_router_view()
+            for router in self.routers():
+                if router.state == READY:
+                    self._read_router_view(router)
 
-    def _read_router_view(self) -> None:
+    def _read_router_view(self, router: Member) -> None:
         """What the router itself routes to: an instance it marks unhealthy is not counted as serving, and one it
         no longer lists joins again."""
+        instances = self._instances_of(router)
+        if not instances:
+            return
         try:
-            view = self.routing.health()
+            view = self._routing_of(instances[0]).health()
         except Exception as exc:  # the router's next probe decides whether it is down
             log.debug("could not read the router's workers: %s", exc)
             return
         lost = []
         with self._lock:
-            for member in self.instances:
+            for member in instances:
                 routed = member.routed and member.route_url is not None
                 member.router_healthy = view.get(member.route_url or "") if routed else None
                 if routed and member.route_url not in view:
@@ -313,8 +343,8 @@ class Supervisor:
             member.probe_failures = 0
             if member.state in (STARTING, UNRESPONSIVE):
                 self._set(member, READY, now, "serving")
-                if member is self.router:
-                    self._reroute_all()
+                if self._is_router(member):
+                    self._reroute_all(member)
                 else:
                     self._route(member)
             return
@@ -355,10 +385,10 @@ class Supervisor:
         self._schedule_restart(member, now, why)
 
     def _route(self, member: Member) -> None:
-        if member.route_url is None or member.routed or member.retiring or not self._router_ready():
+        if member.route_url is None or member.routed or member.retiring or not self._router_ready(member):
             return
         try:
-            self.routing.add(member.route_url)
+            self._routing_of(member).add(member.route_url)
             member.routed = True
             self._note(member, "joined routing")
         except Exception as exc:  # the router may be restarting: the next probe retries
@@ -367,27 +397,28 @@ class Supervisor:
             self._set(member, STARTING, self.clock(), f"{member.last_error}; joining at the next check")
 
     def _unroute(self, member: Member) -> None:
-        if member is self.router:
-            for inst in self.instances:
+        if self._is_router(member):
+            for inst in self._instances_of(member):
                 inst.routed = False
             return
         if not member.routed or member.route_url is None:
             return
         member.routed, member.router_healthy = False, None
         self._note(member, "left routing")
-        if self._router_ready():
+        if self._router_ready(member):
             try:
-                self.routing.remove(member.route_url)
+                self._routing_of(member).remove(member.route_url)
             except Exception as exc:  # the router's own health check takes it out too
                 log.warning("could not remove %s from the router: %s", member.route_url, exc)
 
-    def _reroute_all(self) -> None:
-        for inst in self.instances:
+    def _reroute_all(self, router: Member) -> None:
+        for inst in self._instances_of(router):
             if inst.state == READY:
                 self._route(inst)
 
-    def _router_ready(self) -> bool:
-        return self.router is None or self.router.state == READY
+    def _router_ready(self, member: Member) -> bool:
+        router = self._router_of(member)
+        return router is None or router.state == READY
 
     def _set(self, member: Member, state: str, now: float, what: str) -> None:
         with self._lock:

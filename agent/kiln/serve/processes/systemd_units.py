@@ -7,6 +7,7 @@ inactive) and starts it again after its own backoff, out of routing meanwhile; s
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -36,7 +37,12 @@ def run_journalctl(argv: list[str]) -> str:
         return ""
 
 
+ROUTER_TEMPLATE = "kiln-router@{}.service"  # the routers of the second model on (router-1, router-2, ...)
+
+
 def unit_of(name: str) -> str:
+    if re.fullmatch(r"router-[0-9]{1,2}", name):
+        return ROUTER_TEMPLATE.format(name)
     return SERVICE_UNITS.get(name) or instance_unit_name(name)
 
 
