@@ -32,10 +32,10 @@ from kiln.perf.workload import resolve as resolve_workload
 from kiln.pricing import hourly_price
 from kiln.processes import ProcessSpec, children_of
 from kiln.render.cluster import distributed_ports
-from kiln.render.vllm import IMAGE_VLLM, Runtime, vllm_python
+from kiln.render.vllm import IMAGE_VLLM, Runtime, render_instances, vllm_python
 from kiln.serve.caches import Caches, place_caches
 from kiln.serve.cluster_node import ClusterOptions, NodeWatch, find_membership, open_firewall
-from kiln.serve.decide import Decision, decide
+from kiln.serve.decide import Decision, ServedModel, decide, models_change, renumbered
 from kiln.serve.drain import drain
 from kiln.serve.endpoint import Endpoint
 from kiln.serve.front.front import Front
@@ -117,6 +117,9 @@ class Agent:
         self._rollout: threading.Thread | None = None
         self._verdict: HubVerdict | None = None
         self._waiting: list[tuple[Member, Member]] = []  # an instance held until the one before it on its GPU serves
+        # With several models: each model's router (None: the supervisor's own, the first model's) and its port
+        self._routers: dict[str, tuple[RouterLink | None, int]] = {}
+        self._router_binary = ""  # vllm-router, found when the processes are first put together
         self.membership: Membership | None = None  # this machine's part of a cluster
         self.node_watch: NodeWatch | None = None
 
@@ -418,13 +421,14 @@ class Agent:
         instances = [self.parts.instance(r) for r in decision.rendered]
         for member in instances if decision.node else ():
             member.held = True  # the cluster's head starts its engine once every node answers
+        self._router_binary = router
         links = []
+        if decision.models:
+            self._routers = {decision.models[0].name: (None, layout.router_port)}
         for n, served in enumerate(decision.models[1:], start=1):  # one router per model (docs/serving.md)
-            own = self._router_layout(n)
-            link = RouterLink(Member(ProcessSpec(f"router-{n}", router_argv(router, own, options.router),
-                                                 log_file=log_file(self.parts.logs, f"router-{n}")),
-                                     probe_url=f"{own.router_url}/health"), RouterClient(own.router_url))
+            link = self._router_link(n)
             links.append(link)
+            self._routers[served.name] = (link, self._router_layout(n).router_port)
             for rendered in served.rendered:
                 member = self.parts.instance(rendered)
                 member.via = link
@@ -434,6 +438,12 @@ class Agent:
         return Supervisor(launcher=self.parts.make_launcher(decision), routing=RouterClient(layout.router_url),
                           probe=http_probe, settings=options.supervisor, router=router_member, others=[proxy],
                           instances=instances, more_routers=links)
+
+    def _router_link(self, n: int) -> RouterLink:
+        own = self._router_layout(n)
+        return RouterLink(Member(ProcessSpec(f"router-{n}", router_argv(self._router_binary, own, self.options.router),
+                                             log_file=log_file(self.parts.logs, f"router-{n}")),
+                                 probe_url=f"{own.router_url}/health"), RouterClient(own.router_url))
 
     def _release_waiting(self) -> None:
         """Start an instance held for the one before it on its GPU, once that one serves."""
@@ -547,16 +557,18 @@ class Agent:
                         "kiln-agent on each); keys and the certificate changed now")
             return None
         decision = decide(self.kiln, self.options.machine, resolved, self._runtime)
-        if (decision.models or (self.decision and self.decision.models)) and decision.plan is not None:
-            caches = self._caches_for(decision)
-            decision.render(caches.runtime(self._runtime))
-            if decision.plan_report() != self.state.plan:
-                what = ("reload: the models to serve changed; with several models the new plan is served at the next "
-                        "restart of kiln")
+        several = (bool(decision.models), bool(self.decision and self.decision.models))
+        if any(several) and decision.plan is not None:
+            if not all(several):
+                what = "reload: one model becomes several or several one; that change is served at kiln's next start"
                 log.warning("%s", what)
                 self.state.fail(what, "restart kiln (`systemctl restart kiln-agent`, or `kiln up` again)",
                                 origin="reload")
-            return None
+                return None
+            assert self.decision is not None
+            if not models_change(self.decision.models, decision.models).any:
+                return None
+            return decision, self._caches_for(decision)
         decision, self._verdict = self._models.check(decision, resolved)
         if decision.failure or decision.plan is None:
             what, fix = decision.failure or ("no plan", "")
@@ -575,6 +587,8 @@ class Agent:
         assert sup is not None and decision.plan is not None and self.endpoint is not None
         started = time.monotonic()
         self._use_caches(caches)
+        if decision.models:
+            return self._roll_models(decision, resolved, started)
         report = self._doctor(decision, self._verdict)
         if report.blocking:
             first = report.blocking[0]
@@ -608,6 +622,102 @@ class Agent:
         self.endpoint.set_plan(self._max_in_flight(decision), tuple(r.port for r in decision.rendered))
         self._rolled("done", f"{decision.plan.profile} on {len(members)} instance(s) in "
                              f"{time.monotonic() - started:.0f} s", "")
+
+    def _roll_models(self, decision: Decision, resolved: ResolvedChoice, started: float) -> None:
+        """Several models: the ones removed stop, each changed one rolls its own instances, the ones added start
+        with routers of their own; the models kept are not touched, and serve throughout."""
+        sup, old = self.supervisor, self.decision
+        assert sup is not None and old is not None and self.endpoint is not None
+        change = models_change(old.models, decision.models)
+        self.parts.make_local_model(decision)
+        self.parts.write_hf_token(resolved.choice.hf_token)
+        names = {m.name for m in sup.instances}
+        ports = {m.port for m in sup.instances if m.port} | {port for _, port in self._routers.values()}
+        first_port = self._runtime.first_instance_port or int(self.kiln.constants.get("planning",
+                                                                                      "first_instance_port"))
+        runtime = dataclasses.replace(self.parts.caches.runtime(self._runtime), first_instance_port=None)
+        kept = {m.name: m for m in change.kept}
+        models = []
+        for model in decision.models:
+            if model.name in kept:
+                models.append(kept[model.name])
+                continue
+            fresh = renumbered(model, names, ports, first_port)
+            fresh.rendered = render_instances(fresh.plan, runtime, local_model=fresh.profile.local_model)
+            models.append(fresh)
+        decision.models = models
+        decision.rendered = models[0].rendered
+        dropins = self.parts.dropins(decision)
+        by_name = {m.name: m for m in models}
+
+        def members_of(model: ServedModel) -> list[Member]:
+            own = {r.name for r in model.rendered}
+            return [m for m in sup.instances if m.name in own]
+
+        for model in change.removed:  # out of nginx's routes first: its name is then an unknown model (404)
+            link, _ = self._routers.pop(model.name)
+            self._set_routes(decision, [m for m in models if m.name in self._routers])
+            sup.remove(members_of(model), lambda member: drain(member, self.stopping), link)
+            log.info("reload: %s is no longer served", model.name)
+        for was, _ in change.changed:
+            model = by_name[was.name]
+            link = self._routers[model.name][0]
+            members = [self.parts.instance(r) for r in model.rendered]
+            for member in members:
+                member.via = link
+            why = sup.roll(members, lambda member: drain(member, self.stopping),
+                           self.options.supervisor.start_timeout_s,
+                           lambda member: self.parts.put_runtime(member, dropins.get(member.name)),
+                           old=members_of(was))
+            if why:
+                return self._rolled("stopped", f"{model.name}: {why}", "see `kiln status`; the other models serve")
+            log.info("reload: %s rolled to its new plan", model.name)
+        for model in change.added:
+            used = {int(link.member.name.split("-")[1]) for link, _ in self._routers.values() if link}
+            n = next(k for k in range(1, len(used) + 2) if k not in used)
+            link = self._router_link(n)
+            members = [self.parts.instance(r) for r in model.rendered]
+            for member in members:
+                member.via = link
+            self._waiting += one_after_another([*sup.instances, *members])
+            for member in (link.member, *members):
+                self.parts.put_runtime(member, dropins.get(member.name))
+            sup.add(members, link)
+            why = self._until_routed(members)
+            if why:
+                return self._rolled("stopped", f"{model.name}: {why}", "see `kiln status`; the other models serve")
+            # Routed once it serves: until then its name stays unknown (404) rather than unavailable (503).
+            self._routers[model.name] = (link, self._router_layout(n).router_port)
+            self._set_routes(decision, [m for m in models if m.name in self._routers])
+            log.info("reload: %s added on %d instance(s)", model.name, len(members))
+        self.parts.write_runtime(sup.members())
+        self.parts.use_dropins(decision)
+        self.decision = decision
+        self.state.plan = decision.plan_report()
+        self.state.choice = decision.choice_report()
+        write_private(self.options.layout.plan_file, json.dumps(self.state.plan, indent=2) + "\n")
+        self._set_routes(decision, models)
+        what = ", ".join([*(f"{m.name} removed" for m in change.removed),
+                          *(f"{m.name} changed" for m, _ in change.changed),
+                          *(f"{m.name} added" for m in change.added)])
+        self._rolled("done", f"{what} in {time.monotonic() - started:.0f} s", "")
+
+    def _until_routed(self, members: list[Member]) -> str | None:
+        """None once every member serves and is routed; else why not (stopping, or past the start timeout)."""
+        deadline = time.monotonic() + self.options.supervisor.start_timeout_s
+        while not all(m.state == READY and m.routed for m in members):
+            if self.stopping.wait(self.options.supervisor.tick_s):
+                return "stopping"
+            if time.monotonic() > deadline:
+                late = next(m for m in members if not m.routed)
+                return f"{late.name} was not serving {self.options.supervisor.start_timeout_s:.0f} s after it started"
+        return None
+
+    def _set_routes(self, decision: Decision, models: list[ServedModel]) -> None:
+        assert self.endpoint is not None
+        routes = tuple(ModelRoute(m.names, self._routers[m.name][1], tuple(r.port for r in m.rendered))
+                       for m in models)
+        self.endpoint.set_plan(self._max_in_flight(decision), tuple(r.port for r in decision.rendered), routes)
 
     def _rolled(self, state: str, what: str, fix: str) -> None:
         if self.state.reload is not None:

@@ -138,6 +138,49 @@ def first_of_several(choice: Choice) -> tuple[Choice, Problem | None]:
                            "this machine; serve the others from droplets of their own")
 
 
+@dataclass(frozen=True)
+class ModelsChange:
+    """What a reload changes of the models a machine serves, each model by its name."""
+
+    kept: tuple[ServedModel, ...]  # running, unchanged
+    changed: tuple[tuple[ServedModel, ServedModel], ...]  # running, and its new plan (other GPUs, settings)
+    added: tuple[ServedModel, ...]
+    removed: tuple[ServedModel, ...]
+
+    @property
+    def any(self) -> bool:
+        return bool(self.changed or self.added or self.removed)
+
+
+def _setup(model: ServedModel) -> tuple[object, ...]:
+    """What makes two plans of a model the same running processes: not their names or ports."""
+    plan = model.plan
+    return (plan.engine, model.gpus, model.share, tuple((i.gpus, i.cpus, i.omp_cpus) for i in plan.instances))
+
+
+def models_change(old: list[ServedModel], new: list[ServedModel]) -> ModelsChange:
+    before = {m.name: m for m in old}
+    after = {m.name: m for m in new}
+    return ModelsChange(
+        kept=tuple(m for m in old if m.name in after and _setup(m) == _setup(after[m.name])),
+        changed=tuple((m, after[m.name]) for m in old if m.name in after and _setup(m) != _setup(after[m.name])),
+        added=tuple(m for m in new if m.name not in before),
+        removed=tuple(m for m in old if m.name not in after))
+
+
+def renumbered(model: ServedModel, names: set[str], ports: set[int], first_port: int) -> ServedModel:
+    """The model's instances under names and on ports no running instance has: a new instance starts beside the
+    ones it replaces, and a rolling change stops first only the old instances on its GPUs or of its name."""
+    moved = []
+    for inst in model.plan.instances:
+        number = next(n for n in range(len(names) + len(model.plan.instances) + 1) if f"vllm-{n}" not in names)
+        port = next(p for p in range(first_port, first_port + 65536) if p not in ports)
+        names.add(f"vllm-{number}")
+        ports.add(port)
+        moved.append(replace(inst, name=f"vllm-{number}", port=port))
+    return replace(model, plan=replace(model.plan, instances=tuple(moved)), rendered=[])
+
+
 def serves_several(choice: Choice) -> bool:
     """`models:` that asks more than one model, or of its one model what only placement does (its own name, GPUs,
     task or adapters)."""

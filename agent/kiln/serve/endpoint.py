@@ -15,6 +15,7 @@ from kiln.choice.resolve import ResolvedChoice
 from kiln.errors import KilnError
 from kiln.serve.front.acme import AcmeError, Issued, issue_certificate
 from kiln.serve.front.front import Front, TlsState
+from kiln.serve.front.proxy import ModelRoute
 from kiln.serve.reports.state import AgentState
 from kiln.setup.headline import headline_of
 
@@ -87,11 +88,14 @@ class Endpoint:
         return [what for what, old, new in (("keys", before[0], self.front.keys),
                                            ("certificate", before[1], self.front.tls.info)) if old != new]
 
-    def set_plan(self, requests: int, instance_ports: tuple[int, ...]) -> None:
-        """A new plan's queue bound (its instances' batch slots) and its instances' ports."""
+    def set_plan(self, requests: int, instance_ports: tuple[int, ...],
+                 routes: tuple[ModelRoute, ...] | None = None) -> None:
+        """A new plan's queue bound (its instances' batch slots), its instances' ports and, with several models,
+        each model's route."""
         with self._lock:
             before = self.front.settings
-            self.front.settings = dataclasses.replace(before, max_in_flight=requests, instance_ports=instance_ports)
+            self.front.settings = dataclasses.replace(before, max_in_flight=requests, instance_ports=instance_ports,
+                                                      routes=before.routes if routes is None else routes)
             try:
                 self.front.write_config()
             except (KilnError, OSError) as exc:  # the bound before stays in force

@@ -223,12 +223,40 @@ class Supervisor:
             member.failures_in_a_row = 0
         self._note(member, "released")
 
+    # -- models added and removed --------------------------------------------------------------------------------
+    def add(self, members: list[Member], router: RouterLink | None = None) -> None:
+        """Start a new model's router and instances from the loop's own thread (see roll())."""
+        with self._tick_lock, self._lock:
+            if router is not None:
+                router.member.state, router.member.next_start = PENDING, self.clock()
+                self.more_routers.append(router)
+            for member in members:
+                member.state, member.next_start = (HELD, 0.0) if member.held else (PENDING, self.clock())
+                self.instances.append(member)
+
+    def remove(self, members: list[Member], drain: Callable[[Member], None], router: RouterLink | None = None) -> None:
+        """A model no longer served: its instances out of routing, drained and stopped, then its router."""
+        for member in members:
+            self._retire(member, drain)
+        if router is None:
+            return
+        with self._tick_lock:
+            with self._lock:
+                router.member.retiring = True
+                self.more_routers = [link for link in self.more_routers if link is not router]
+            running = router.member.running
+        if running:
+            self._note(router.member, f"stopped: its model is no longer served (exit "
+                                      f"{running.stop(self.settings.stop_grace_s)})")
+        with self._lock:
+            router.member.state, router.member.running = STOPPED, None
+
     # -- a rolling change ---------------------------------------------------------------------------------------
     def roll(self, new: list[Member], drain: Callable[[Member], None], ready_timeout_s: float,
-             before_start: Callable[[Member], None] | None = None) -> str | None:
-        """Replace the instances one at a time (see RollingChange), waiting on each successor to serve. None when
-        done; else why it stopped (the instances not yet replaced serve)."""
-        change = RollingChange(self, new, drain, before_start)
+             before_start: Callable[[Member], None] | None = None, old: list[Member] | None = None) -> str | None:
+        """Replace the instances (or `old`, one model's) one at a time (see RollingChange), waiting on each successor
+        to serve. None when done; else why it stopped (the instances not yet replaced serve)."""
+        change = RollingChange(self, new, drain, before_start, old)
         waited_on: Member | None = None
         deadline = 0.0
         while (waiting := change.advance()) is not None:
@@ -445,13 +473,14 @@ class RollingChange:
     new: list[Member]
     drain: Callable[[Member], None]
     before_start: Callable[[Member], None] | None = None
+    replaced: list[Member] | None = None  # the instances replaced; None: every one
     old: list[Member] = field(init=False)
     steps: int = field(init=False)
     step: int = 0
     successor: Member | None = None  # started, and not yet serving
 
     def __post_init__(self) -> None:
-        self.old = list(self.supervisor.instances)
+        self.old = list(self.supervisor.instances if self.replaced is None else self.replaced)
         self.steps = max(len(self.old), len(self.new))
 
     def advance(self) -> Member | None:
