@@ -7,7 +7,7 @@ ITL percentiles over the requests.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kiln.hardware.model import Machine
@@ -134,11 +134,16 @@ def kiln_steps(plan: Plan, machine: Machine, profile: Profile, c: Constants,
     """kiln's own engine for this plan's instances, served by vLLM `release` (None: kiln's own)."""
     draft = drafting(plan, c)
     e = plan.engine
+    reached = efficiency(c, e.device, machine.gpus[0].architecture.value if machine.gpus else None)
+    if profile.serving.lora_adapters:  # the adapters' own GEMMs on every layer (data/planner.yaml `lora`)
+        slower = float(c.get("lora", "step_time_factor"))
+        reached = replace(reached, memory=reached.memory / slower, compute=reached.compute / slower,
+                          compute_moe=reached.compute_moe / slower)
     return RooflineSteps(profile, plan.quantization, plan.tensor_parallel_size,
                          plan.predicted.kv_bytes_per_token_per_gpu,
                          hardware(machine, plan.quantization, plan.tensor_parallel_size, len(plan.instances), c,
                                   release),
-                         efficiency(c, e.device, machine.gpus[0].architecture.value if machine.gpus else None),
+                         reached,
                          draft.tokens if draft else 0,
                          data_parallel=e.data_parallel_size, expert_parallel=e.enable_expert_parallel,
                          async_scheduling=schedules_async(plan, c, release))

@@ -15,7 +15,7 @@ from kiln.hardware.model import Machine
 from kiln.planner.placement import Placement, PlanOne, Wanted, place
 from kiln.planner.plan import served_names
 from kiln.profiles.schema import Profile
-from kiln.setup.types import Constants, LoraModule
+from kiln.setup.types import LORA_RANKS, Constants, LoraModule
 
 LoadProfile = Callable[[ModelItem], Profile]
 ReadAdapter = Callable[[LoraAdapter], LoraModule]
@@ -70,6 +70,10 @@ def wanted_models(items: Sequence[ModelItem], load: LoadProfile, source: str,
                 problems.append(Problem(source, f"models[{n}].lora[{k}]", f"{exc.what}; the model is served "
                                         "without it", exc.fix or "fix the adapter; the model and the others serve"))
         names = (item.name,) if item.name else served_names(profile)
+        if adapters:  # planned with their memory and their cost per step
+            rank = next(r for r in LORA_RANKS if r >= max(a.rank for a in adapters))
+            profile = profile.model_copy(update={"serving": profile.serving.model_copy(
+                update={"lora_adapters": len(adapters), "max_lora_rank": rank})})
         wanted.append(Wanted(n, item, profile, names, tuple(adapters)))
     return wanted, problems
 

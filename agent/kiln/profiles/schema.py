@@ -165,6 +165,10 @@ class Serving(Strict):
     reasoning_parser: str | None = None
     trust_remote_code: bool = False
     extra_args: tuple[str, ...] = ()
+    # LoRA adapters served with the model (set from the owner's `lora:`, never in a catalog file): their count and
+    # vLLM's --max-lora-rank, which size the adapters' buffers and slow each step
+    lora_adapters: int = Field(default=0, ge=0)
+    max_lora_rank: int = Field(default=0, ge=0)
 
 
 class ServingOverride(Strict):

@@ -373,6 +373,20 @@ class KvCapacity:
     concurrency: float  # vLLM's "Maximum concurrency for max_model_len tokens per request"
 
 
+def lora_bytes(profile: Profile) -> int:
+    """The buffers vLLM allocates for --max-loras adapters of --max-lora-rank, at 16 bits, whatever the adapters
+    adapt: A and B of every linear layer of every decoder layer (q, k, v, o, gate, up, down), and of the embeddings
+    and the output head (vllm/lora/layers: lora_a_stacked, lora_b_stacked)."""
+    s = profile.serving
+    if not s.lora_adapters:
+        return 0
+    a = profile.architecture
+    h, inter = a.hidden_size, a.intermediate_size
+    q, kv = a.num_attention_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    per_rank = a.num_layers * (7 * h + 2 * q + 2 * kv + 3 * inter) + 2 * (a.vocab_size + h)
+    return 2 * s.lora_adapters * s.max_lora_rank * per_rank
+
+
 def kv_capacity(profile: Profile, *, precision: str, tp: int, gpu_memory_bytes: int, utilization: float,
                 max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int, kv_dtype: str,
                 c: Constants, draft_params: int = 0, weight_bytes_override: int | None = None,
@@ -382,7 +396,7 @@ def kv_capacity(profile: Profile, *, precision: str, tp: int, gpu_memory_bytes: 
     `max_capture_size` defaults to vLLM's own: min(2 x max_num_seqs, 512).
     """
     weights = (weight_bytes_override if weight_bytes_override is not None
-               else weight_bytes(profile, precision) // tp) + draft_params * 2 // tp
+               else weight_bytes(profile, precision) // tp) + draft_params * 2 // tp + lora_bytes(profile) // tp
     capture = cudagraph_capture_count(max_capture_size or min(max_num_seqs * 2, 512), max_num_batched_tokens)
     full = cudagraph_capture_count(max_capture_size or min(max_num_seqs * 2, 512), max_num_batched_tokens,
                                    max_num_seqs) - capture
