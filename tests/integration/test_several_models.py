@@ -22,6 +22,7 @@ import pytest
 import requests
 import yaml
 from openai import NotFoundError, OpenAI, PermissionDeniedError
+from prometheus_client.parser import text_string_to_metric_families
 
 from kiln.processes import interrupt
 from kiln.tinymodel import make_tiny_adapter
@@ -113,6 +114,10 @@ def test_the_plan_places_each_model_on_its_own_instance(stack: Stack) -> None:
     assert embed_argv[embed_argv.index("--runner") + 1] == "pooling"
     names = [i["name"] for i in stack.status()["instances"]]
     assert {"vllm-0", "vllm-1"} <= set(names)
+    shown = subprocess.run([KILN, "status", "--state-dir", str(stack.state_dir), "--health", stack.health],
+                           capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "serving   tiny-cpu, tiny-llama, tiny-lora: chat, CPU, vllm-0" in shown
+    assert "serving   tiny-embed: embed, CPU, vllm-1" in shown
 
 
 def test_models_lists_every_model_and_adapter(stack: Stack) -> None:
@@ -135,6 +140,18 @@ def test_chat_on_the_base_and_on_the_adapter_differ(stack: Stack) -> None:
 
     # The same prompt and greedy decoding: only the adapter's weights can tell the two answers apart.
     assert first_token(base) != first_token(tuned), (first_token(base), first_token(tuned))
+
+
+def test_metrics_are_per_model_and_per_key(stack: Stack) -> None:
+    stack.client().chat.completions.create(model="tiny-lora", messages=[{"role": "user", "content": "kiln"}],
+                                           max_tokens=3)
+    samples = [s for family in text_string_to_metric_families(
+        requests.get(f"{stack.health}/metrics", timeout=30).text) for s in family.samples]
+    assert {s.labels.get("kiln_router") for s in samples if s.name.startswith("vllm_router_")} >= {
+        "router", "router-1"}
+    tokens = [s for s in samples
+              if s.name == "kiln_key_generation_tokens_total" and s.labels.get("key") == "everything"]
+    assert any(s.labels.get("model") == "tiny-lora" and s.value >= 3 for s in tokens), tokens
 
 
 def test_embeddings_have_the_models_size(stack: Stack) -> None:

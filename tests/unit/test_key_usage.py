@@ -24,8 +24,12 @@ def usage() -> ModuleType:
     return load_script("kiln_key_usage", Path(datafiles.data_dir("vllm")) / "kiln_key_usage.py")
 
 
-def sample(name: str, key: str) -> float:
-    return REGISTRY.get_sample_value(name, {"key": key}) or 0.0
+def sample(name: str, key: str, model: str | None = None) -> float:
+    """The counter for a key (and a model, where it is counted per model; summed over models without one)."""
+    if name == "kiln_key_requests_total":
+        return REGISTRY.get_sample_value(name, {"key": key}) or 0.0
+    return sum(s.value for metric in REGISTRY.collect() for s in metric.samples
+               if s.name == name and s.labels.get("key") == key and model in (None, s.labels.get("model")))
 
 
 def drive(usage: ModuleType, key: str | None, body: dict[str, Any], answer: list[bytes], streaming: bool
@@ -67,17 +71,19 @@ def drive(usage: ModuleType, key: str | None, body: dict[str, Any], answer: list
 
 def test_a_json_answer_counts_the_request_and_its_tokens(usage: ModuleType) -> None:
     before = sample("kiln_key_generation_tokens_total", "ci"), sample("kiln_key_requests_total", "ci")
-    answer = json.dumps({"choices": [{"text": "x"}], "usage": {"prompt_tokens": 7, "completion_tokens": 5}}).encode()
+    answer = json.dumps({"model": "m", "choices": [{"text": "x"}],
+                         "usage": {"prompt_tokens": 7, "completion_tokens": 5}}).encode()
     seen, sent = drive(usage, "ci", {"model": "m", "messages": []}, [answer], streaming=False)
     assert seen == {"model": "m", "messages": []} and sent == [answer]  # untouched both ways
     assert sample("kiln_key_generation_tokens_total", "ci") - before[0] == 5
+    assert sample("kiln_key_generation_tokens_total", "ci", "m") >= 5  # per model too
     assert sample("kiln_key_prompt_tokens_total", "ci") >= 7
     assert sample("kiln_key_requests_total", "ci") - before[1] == 1
 
 
 def test_a_stream_is_counted_and_the_client_sees_only_what_it_asked_for(usage: ModuleType) -> None:
     chunk = b'data: {"choices": [{"delta": {"content": "x"}}], "usage": null}\n\n'
-    final = b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 9}}\n\n'
+    final = b'data: {"model": "adapter", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 9}}\n\n'
     before = sample("kiln_key_generation_tokens_total", "team")
     seen, sent = drive(usage, "team", {"model": "m", "stream": True}, [chunk, final, b"data: [DONE]\n\n"], True)
     assert seen["stream_options"] == {"include_usage": True}  # asked of vLLM for the count
@@ -88,6 +94,7 @@ def test_a_stream_is_counted_and_the_client_sees_only_what_it_asked_for(usage: M
                        [chunk, final, b"data: [DONE]\n\n"], True)
     assert b"".join(sent) == chunk + final + b"data: [DONE]\n\n"  # asked for: kept
     assert sample("kiln_key_generation_tokens_total", "team") - before == 18
+    assert sample("kiln_key_generation_tokens_total", "team", "adapter") >= 18
 
 
 def test_a_request_without_a_key_name_passes_untouched(usage: ModuleType) -> None:

@@ -109,6 +109,23 @@ def cluster_lines(c: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def model_lines(models: list[dict[str, Any]]) -> list[str]:
+    """Several models: each one's names, GPUs (or share of one), instances and predicted capacity."""
+    lines = []
+    for m in models:
+        plan = m.get("plan") or {}
+        where = f"GPUs {','.join(map(str, m['gpus']))}" if m.get("gpus") else "CPU"
+        if m.get("memory_share"):
+            where += f" ({m['memory_share']:g} of its memory)"
+        instances = ", ".join(i["name"] for i in plan.get("instances", []))
+        lines.append(f"serving   {', '.join(m.get('served_names') or [m['name']])}: {m.get('task')}, {where}, "
+                     f"{instances}")
+        capacity = (plan.get("predicted") or {}).get("capacity")
+        if capacity:
+            lines.append(f"            predicted {headline_of(capacity)}")
+    return lines
+
+
 def status_text(s: dict[str, Any]) -> str:
     plan = s.get("plan") or {}
     keys = ", ".join(k["name"] + (f" ({k['requests_per_minute']}/min)" if k.get("requests_per_minute") else "")
@@ -120,7 +137,9 @@ def status_text(s: dict[str, Any]) -> str:
              f"health    {s.get('health')}"] + ([f"state     {s['state_dir']}"] if s.get("state_dir") else [])
     if s.get("tls"):
         lines.append(tls_line(s["tls"]))
-    if plan:
+    if plan and plan.get("models"):
+        lines += model_lines(plan["models"])
+    elif plan:
         stages = f" x PP{plan['pipeline_parallel_size']}" if plan.get("pipeline_parallel_size", 1) > 1 else ""
         lines.append(f"serving   {plan.get('profile')} ({plan.get('quantization')}, "
                      f"TP{plan.get('tensor_parallel_size')}{stages} x {len(plan.get('instances', []))})")

@@ -26,15 +26,20 @@ HEADER = b"x-kiln-key"
 STREAMED = ("/v1/completions", "/v1/chat/completions")
 MAX_BODY = 64 * 2**20  # nginx's client_max_body_size
 REQUESTS = Counter("kiln_key_requests", "Requests per API key name", ["key"])
-PROMPT_TOKENS = Counter("kiln_key_prompt_tokens", "Prompt tokens per API key name", ["key"])
-GENERATION_TOKENS = Counter("kiln_key_generation_tokens", "Generated tokens per API key name", ["key"])
+# Tokens per key and per model: the served name (a model or a LoRA adapter) the answer names.
+PROMPT_TOKENS = Counter("kiln_key_prompt_tokens", "Prompt tokens per API key name and model", ["key", "model"])
+GENERATION_TOKENS = Counter("kiln_key_generation_tokens", "Generated tokens per API key name and model",
+                            ["key", "model"])
 
 
-def count_usage(key: str, usage: Any) -> None:
-    if isinstance(usage, dict):
-        PROMPT_TOKENS.labels(key).inc(max(int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0), 0))
-        GENERATION_TOKENS.labels(key).inc(
-            max(int(usage.get("completion_tokens") or usage.get("output_tokens") or 0), 0))
+def count_usage(key: str, answer: Any) -> None:
+    """The usage of one answer (a JSON body or a stream's usage chunk), under the model it names."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("usage"), dict):
+        return
+    usage, model = answer["usage"], str(answer.get("model") or "")[:128]
+    PROMPT_TOKENS.labels(key, model).inc(max(int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0), 0))
+    GENERATION_TOKENS.labels(key, model).inc(
+        max(int(usage.get("completion_tokens") or usage.get("output_tokens") or 0), 0))
 
 
 def with_usage_asked(body: bytes) -> tuple[bytes, bool]:
@@ -53,7 +58,7 @@ def with_usage_asked(body: bytes) -> tuple[bytes, bool]:
 
 
 def usage_events(chunk: bytes) -> tuple[list[Any], bytes]:
-    """The usage objects of a chunk's server-sent events, and the chunk without the usage-only events."""
+    """The events of a chunk that carry a usage, and the chunk without the usage-only events."""
     found: list[Any] = []
     kept: list[bytes] = []
     for event in chunk.split(b"\n\n"):
@@ -64,7 +69,7 @@ def usage_events(chunk: bytes) -> tuple[list[Any], bytes]:
             except ValueError:
                 parsed = None
             if isinstance(parsed, dict) and parsed.get("usage"):
-                found.append(parsed["usage"])
+                found.append(parsed)
                 if not parsed.get("choices"):
                     continue  # the usage-only chunk
         kept.append(event)
@@ -106,13 +111,13 @@ class KeyUsage:
                 body = message["body"]
                 if streaming:
                     found, stripped = usage_events(body)
-                    for usage in found:
-                        count_usage(key, usage)
+                    for event in found:
+                        count_usage(key, event)
                     if not asked:
                         message = {**message, "body": stripped}
                 else:
                     with contextlib.suppress(ValueError, AttributeError):
-                        count_usage(key, json.loads(body).get("usage"))
+                        count_usage(key, json.loads(body))
             await send(message)
 
         await self.app(scope, receive, counted)

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from prometheus_client.metrics_core import Metric
+
 from kiln.serve.layout import ServeLayout
 from kiln.serve.processes.probes import fetch_text
 from kiln.serve.processes.supervisor import Supervisor
@@ -54,11 +56,22 @@ class Reports:
         texts = self.instance_metrics()
         self.state.meter.observe(time.monotonic(), {n: prom.generation_tokens(t) for n, t in texts.items() if t})
 
+    def router_families(self) -> list[Metric]:
+        """vllm-router's metrics; with several models, every model's router's, labelled kiln_router."""
+        def text(n: int) -> str:
+            return fetch_text(f"http://{self.layout.local_host}:{self.layout.router_metrics_port + 2 * n}/metrics")
+
+        sup = self.supervisor()
+        more = [link.member.name for link in sup.more_routers] if sup else []
+        if not more:
+            return prom.parse(text(0))
+        texts = {"router": text(0), **{name: text(int(name.rsplit("-", 1)[1])) for name in more}}
+        return prom.merge_labelled(texts, "kiln_router")
+
     def metrics(self) -> bytes:
         status = self.state.status(with_telemetry=False)
         families = prom.kiln_families(status, self.state.telemetry())
-        families += prom.parse(fetch_text(f"http://{self.layout.local_host}:{self.layout.router_metrics_port}"
-                                          "/metrics"))
+        families += self.router_families()
         texts = self.instance_metrics()
         families += prom.capacity_families(status.get("plan"), texts)
         families += prom.merge_labelled(texts, "kiln_instance")
