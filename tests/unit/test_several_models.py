@@ -17,6 +17,7 @@ from kiln.choice.sources import MAX_READ_BYTES, RawInputs
 from kiln.cli.main import main
 from kiln.planner.placement import Placement
 from kiln.processes import ProcessSpec
+from kiln.profiles.hf_config import profile_from_model_dir
 from kiln.render.vllm import Runtime, render_instances
 from kiln.serve.agent import one_after_another
 from kiln.serve.decide import decide, plan_settings
@@ -256,3 +257,19 @@ def test_instances_sharing_a_gpu_startone_after_another() -> None:
     waiting = one_after_another([big, first, second, cpu])
     assert [(m.name, before.name) for m, before in waiting] == [("c", "b")]
     assert second.held and not (big.held or first.held or cpu.held)
+
+
+def test_the_task_is_read_from_the_repository(tmp_path: Path) -> None:
+    source = Path(__file__).resolve().parents[1] / "data" / "hub" / "Qwen" / "Qwen3-32B" / "config.json"
+    config = json.loads(source.read_text())
+    for name, files, archs, task in (("chat", {}, config["architectures"], "chat"),
+                                     ("embedder", {"modules.json": "[]"}, config["architectures"], "embed"),
+                                     ("scorer", {}, ["Qwen3ForSequenceClassification"], "rerank")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**config, "architectures": archs}))
+        for file, text in files.items():
+            (folder / file).write_text(text)
+        profile = profile_from_model_dir(folder)
+        assert profile.task == task, name
+        assert task == "chat" or not profile.speculative

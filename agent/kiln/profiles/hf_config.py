@@ -25,7 +25,9 @@ from kiln.validation import validate
 FIX = "point --model at a Hugging Face model directory holding config.json (and its safetensors), or a Hub id ORG/NAME"
 # The files planning reads; none of them is a weight file.
 PLANNING_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "hf_quant_config.json",
-                  "tokenizer_config.json")
+                  "tokenizer_config.json", "modules.json", "config_sentence_transformers.json")
+# A sentence-transformers model ships these beside config.json: it embeds (vLLM reads its pooling from modules.json).
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json")
 # NVFP4: 4 bits + one FP8 scale per 16 values (ModelOpt). INT4 (compressed-tensors, AWQ, GPTQ): 4 bits + a 16-bit
 # scale per group (and a zero point when asymmetric).
 NVFP4_BYTES = 0.5 + 1 / 16
@@ -48,6 +50,7 @@ class ModelFiles:
     tokenizer: Mapping[str, Any] | None = None
     has_chat_template_file: bool = False
     notes: tuple[str, ...] = field(default=())
+    sentence_transformers: bool = False  # modules.json or config_sentence_transformers.json is there
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,10 @@ def family_of(raw: Mapping[str, Any], where: str) -> Family:
                               fix="serve it with vLLM directly, or choose a model of a family kiln sizes")
         if arch in by_arch:
             return by_arch[arch]
+        # A reranker is the causal model's backbone with a scoring head: sized as that backbone.
+        backbone = arch.replace("ForSequenceClassification", "ForCausalLM")
+        if backbone in by_arch:
+            return by_arch[backbone]
     read = f"architectures {archs or 'none'}, model_type {model_type or 'none'!r}"
     raise ConfigError(
         f"kiln cannot size this architecture ({read}); it never guesses a KV cache",
@@ -424,6 +431,15 @@ def serving_for(family: Family, mtp_layers: int, mtp_params: int) -> tuple[dict[
     return serving, speculative, origin
 
 
+def task_of(files: ModelFiles) -> str:
+    """What the repository says the model does: a sequence classifier scores pairs (rerank), a sentence-transformers
+    model embeds, anything else generates (chat). The owner's `task` overrides it."""
+    archs = [str(a) for a in files.config.get("architectures") or ()]
+    if any(a.endswith("ForSequenceClassification") for a in archs):
+        return "rerank"
+    return "embed" if files.sentence_transformers else "chat"
+
+
 def profile_from_files(files: ModelFiles) -> Profile:
     """A profile from a model's config files: the architecture read, the family's serving settings."""
     where = files.where
@@ -446,12 +462,13 @@ def profile_from_files(files: ModelFiles) -> Profile:
             checkpoint["weight_bytes"] = int(weight)
         data: dict[str, Any] = {
             "name": normalize_name(files.hf_id.rstrip("/").split("/")[-1]) or "model",
+            "task": (task := task_of(files)),
             "description": f"{family.label} read from {files.where}'s config.json; {origin}",
             "model": {"hf_id": files.hf_id, "revision": files.revision},
             "architecture": arch,
             "checkpoints": {precision: checkpoint},
             "online_fp8": precision == "bf16",
-            "speculative": speculative,
+            "speculative": speculative if task == "chat" else (),
             "serving": {"max_model_len": arch["max_position_embeddings"], **serving},
             "sources": notes,
         }
@@ -494,7 +511,8 @@ def read_model_dir(model_dir: Path, hf_id: str | None = None, revision: str = "m
         index_total_bytes=int(total) if isinstance(total, int) and total > 0 else None,
         safetensors_bytes=sum(f.stat().st_size for f in files) or None,
         generation=optional("generation_config.json"), tokenizer=optional("tokenizer_config.json"),
-        has_chat_template_file=(model_dir / "chat_template.jinja").is_file())
+        has_chat_template_file=(model_dir / "chat_template.jinja").is_file(),
+        sentence_transformers=any((model_dir / name).is_file() for name in SENTENCE_TRANSFORMERS_FILES))
 
 
 def profile_from_model_dir(model_dir: Path) -> Profile:
