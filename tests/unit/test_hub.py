@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import REPO
 from tests.hub_server import Hub, Repo, serve
 
+from kiln.choice.items import ModelItem
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice
 from kiln.hardware.system import repo_folder
@@ -180,3 +181,17 @@ def test_only_a_network_failure_reads_as_the_hub_unreachable(hub: Hub, tmp_path:
     assert HubClient(tmp_path, None, endpoint=closed, timeout_s=2).check("org/open", "main").status == UNREACHABLE
     with pytest.raises(ValueError):  # a bad call from kiln itself is a bug to see, not a network fault
         HubClient(tmp_path, None, endpoint=hub.url).check("org/not a repo id!", "main")
+
+
+def test_several_models_ask_the_hub_for_every_models_repository(kiln: Kiln, hub: Hub, tmp_path: Path) -> None:
+    step, runtime = _step(kiln, hub, tmp_path, "h100x8")
+    models = (ModelItem(profile="llama-3.1-8b-instruct", speculative_decoding=False, quantization="fp8"),
+              ModelItem(profile="qwen3-8b"))
+    resolved = ResolvedChoice(Choice(models=models, hf_token=GOOD))
+    first = decide(kiln, "h100x8", resolved, runtime)
+    assert [m.name for m in first.models] == ["llama-3.1-8b-instruct", "qwen3-8b"]
+    decision, verdict = step.check(first, resolved)
+    assert [m.name for m in decision.models] == ["llama-3.1-8b-instruct", "qwen3-8b"]  # no re-plan
+    assert verdict and [c.repo for c in verdict.readable] == [MODEL]
+    qwen = first.models[1].plan.engine.model
+    assert any(qwen in p.what for p in decision.problems)  # the fake Hub has no such repository

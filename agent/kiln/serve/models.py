@@ -15,7 +15,7 @@ from kiln.choice.select import FALLBACK_PROFILE
 from kiln.hardware.system import hub_cache
 from kiln.hub.baked import Manifest, check_repo
 from kiln.hub.client import HubClient, Progress, RepoCheck
-from kiln.hub.files import repos_for
+from kiln.hub.files import Needed, repos_for
 from kiln.hub.preflight import HubVerdict
 from kiln.serve.decide import Decision
 
@@ -37,10 +37,9 @@ class ModelStep:
     def baked_status(self, decision: Decision) -> tuple[bool, str]:
         """Whether the image's baked files cover everything this plan reads, whole and unchanged, and what."""
         assert self.manifest is not None and decision.plan is not None and decision.profile is not None
-        local = decision.profile.local_model
-        wanted = [(n.repo, n.revision) for n in repos_for(decision.plan, local)]
-        if local:
-            wanted.append((decision.plan.engine.model, "local"))
+        wanted = [(n.repo, n.revision) for n in needed_by(decision)]
+        served = [(m.profile, m.plan) for m in decision.models] or [(decision.profile, decision.plan)]
+        wanted += [(plan.engine.model, "local") for profile, plan in served if profile.local_model]
         found = []
         for repo, revision in wanted:
             baked = self.manifest.find(repo, revision)
@@ -65,12 +64,15 @@ class ModelStep:
                     self.baked = what
                     return decision, None
                 log.warning("the baked model cannot be used: %s; asking the Hub", what)
-            needed = repos_for(decision.plan, decision.profile.local_model)
+            needed = needed_by(decision)
             if not needed:
                 return decision, None
             hub = self.client(resolved.choice.hf_token)
             verdict = HubVerdict(tuple((n, hub.check(n.repo, n.revision)) for n in needed))
             problems = verdict.problems(resolved.choice.hf_token is not None)
+            if decision.models:  # several: each model stands alone; one the Hub refuses is said, the rest download
+                decision.problems += problems
+                return decision, verdict
             update: dict[str, object]
             if verdict.refused("model") and decision.profile.name != FALLBACK_PROFILE:
                 update = {"profile": FALLBACK_PROFILE, "model": None}
@@ -104,6 +106,16 @@ class ModelStep:
                 return f"downloading {check.repo} failed: {type(failed[0]).__name__}: {failed[0]}"
             log.info("downloaded %s", check.repo)
         return None
+
+
+def needed_by(decision: Decision) -> list[Needed]:
+    """The Hub repositories every model of the decision reads, each once."""
+    assert decision.plan is not None and decision.profile is not None
+    served = [(m.profile, m.plan) for m in decision.models] or [(decision.profile, decision.plan)]
+    needed: list[Needed] = []
+    for profile, plan in served:
+        needed += [n for n in repos_for(plan, profile.local_model) if n not in needed]
+    return needed
 
 
 def _download_one(hub: HubClient, check: RepoCheck, on_progress: Callable[[Progress], None],
