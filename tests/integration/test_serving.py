@@ -251,7 +251,7 @@ def test_status_reports_the_instances_without_the_key(stack: Stack) -> None:
     assert status["health"] == stack.health
     assert status["keys_file"] == str(stack.state_dir / "keys.json")
     assert oct(os.stat(status["keys_file"]).st_mode & 0o777) == "0o600"
-    assert status["keys"] == [{"name": "default", "requests_per_minute": None, "origin": "generated"}]
+    assert status["keys"] == [{"name": "default", "requests_per_minute": None, "origin": "generated", "models": None}]
     assert status["tls"]["mode"] == "self-signed" and "127.0.0.1" in status["tls"]["names"]
     assert [(i["name"], i["port"], i["state"], i["restarts"]) for i in status["instances"]] == [
         ("vllm-0", 8100, "ready", 0), ("vllm-1", 8101, "ready", 0)]

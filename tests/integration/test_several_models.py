@@ -71,8 +71,9 @@ class Stack:
 
 
 def settings(adapter: Path, *more: dict[str, Any]) -> dict[str, Any]:
-    return {"models": [{"profile": "tiny-cpu", "lora": [{"name": "tiny-lora", "source": str(adapter)}]},
-                       {"profile": "tiny-cpu", "name": "tiny-embed", "task": "embed"}, *more],
+    # One instance each: `kiln up` gives the tiny model two by default, on this machine's two cores.
+    return {"models": [{"profile": "tiny-cpu", "instances": 1, "lora": [{"name": "tiny-lora", "source": str(adapter)}]},
+                       {"profile": "tiny-cpu", "name": "tiny-embed", "task": "embed", "instances": 1}, *more],
             "api_keys": {"everything": {"key": KEY}, "embed-only": {"key": SCOPED_KEY, "models": ["tiny-embed"]}}}
 
 
@@ -229,7 +230,7 @@ def test_a_model_added_and_removed_by_reload_leaves_the_others_serving(stack: St
     asking = threading.Thread(target=keep_asking, daemon=True)
     asking.start()
     try:
-        _reload(stack, {"profile": "tiny-cpu", "name": "tiny-second"})
+        _reload(stack, {"profile": "tiny-cpu", "name": "tiny-second", "instances": 1})
         assert client.completions.create(model="tiny-second", prompt="kiln", max_tokens=2).model == "tiny-second"
         assert "tiny-second" in {m.id for m in client.models.list().data}
         _reload(stack)

@@ -199,7 +199,7 @@ def exec_planned(state_dir: Path, name: str) -> int:
 def cmd_up(kiln: Kiln, args: argparse.Namespace) -> int:
     configure_logging(args.verbose)
     layout = _layout(args, default_state_dir(), args.host)
-    instances = args.instances or (2 if args.profile == "tiny-cpu" and args.config is None else None)
+    instances = args.instances or (2 if args.profile == "tiny-cpu" else None)
     choice = Choice(profile=args.profile, instances=instances, api_key=args.api_key,
                     price_per_hour=args.price_per_hour, tls=args.tls)
     given = Layer("command line", {k: getattr(choice, k) for k in choice.model_dump(exclude_none=True)})
