@@ -404,7 +404,7 @@ class Agent:
             raise KilnError("vllm-router is not installed", fix="pip install vllm-router in kiln's environment")
         settings = ProxySettings(max_in_flight=self._max_in_flight(decision), worker_user=options.proxy_user,
                                  instance_ports=tuple(r.port for r in decision.rendered),
-                                 routes=tuple(ModelRoute(m.names, self._router_layout(n).router_port,
+                                 routes=tuple(ModelRoute(m.names, self.options.layout.for_router(n).router_port,
                                                          tuple(r.port for r in m.rendered))
                                               for n, m in enumerate(decision.models)),
                                  njs_module=find_njs_module())
@@ -428,7 +428,7 @@ class Agent:
         for n, served in enumerate(decision.models[1:], start=1):  # one router per model (docs/serving.md)
             link = self._router_link(n)
             links.append(link)
-            self._routers[served.name] = (link, self._router_layout(n).router_port)
+            self._routers[served.name] = (link, self.options.layout.for_router(n).router_port)
             for rendered in served.rendered:
                 member = self.parts.instance(rendered)
                 member.via = link
@@ -440,7 +440,7 @@ class Agent:
                           instances=instances, more_routers=links)
 
     def _router_link(self, n: int) -> RouterLink:
-        own = self._router_layout(n)
+        own = self.options.layout.for_router(n)
         return RouterLink(Member(ProcessSpec(f"router-{n}", router_argv(self._router_binary, own, self.options.router),
                                              log_file=log_file(self.parts.logs, f"router-{n}")),
                                  probe_url=f"{own.router_url}/health"), RouterClient(own.router_url))
@@ -451,14 +451,6 @@ class Agent:
             if before.state == READY and self.supervisor is not None:
                 self._waiting.remove((member, before))
                 self.supervisor.release(member)
-
-    def _router_layout(self, n: int) -> ServeLayout:
-        """Where model n's router listens: the layout's ports for the first, two ports further for each next."""
-        layout = self.options.layout
-        if n == 0:
-            return layout
-        return dataclasses.replace(layout, router_port=layout.router_port + 2 * n,
-                                   router_metrics_port=layout.router_metrics_port + 2 * n)
 
     def _worker_supervisor(self, decision: Decision) -> Supervisor:
         """A cluster's worker node: only its engine, headless, started for the head's generation (NodeWatch)."""
@@ -687,7 +679,7 @@ class Agent:
             if why:
                 return self._rolled("stopped", f"{model.name}: {why}", "see `kiln status`; the other models serve")
             # Routed once it serves: until then its name stays unknown (404) rather than unavailable (503).
-            self._routers[model.name] = (link, self._router_layout(n).router_port)
+            self._routers[model.name] = (link, self.options.layout.for_router(n).router_port)
             self._set_routes(decision, [m for m in models if m.name in self._routers])
             log.info("reload: %s added on %d instance(s)", model.name, len(members))
         self.parts.write_runtime(sup.members())

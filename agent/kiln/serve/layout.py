@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 PUBLIC_PORT = 443  # the OpenAI API over HTTPS
@@ -106,6 +106,13 @@ class ServeLayout:
     @property
     def models_dir(self) -> Path:
         return self.state_dir / "models"
+
+    def for_router(self, n: int) -> ServeLayout:
+        """Where model n's router listens when a machine serves several models: the layout's own ports for the
+        first, two ports further for each next one (its API, then its metrics)."""
+        if n == 0:
+            return self
+        return replace(self, router_port=self.router_port + 2 * n, router_metrics_port=self.router_metrics_port + 2 * n)
 
     @property
     def router_url(self) -> str:

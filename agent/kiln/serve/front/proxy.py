@@ -325,6 +325,27 @@ def _models_locations(layout: ServeLayout, routes: tuple[ModelRoute, ...]) -> st
 {lists}"""
 
 
+def _proxied(upstream: str, next_upstream: str, pages: list[str]) -> str:
+    """A proxy_pass to `upstream`, passing the key's name on, with when to try the next server (`next_upstream`,
+    its lines) and the error pages; what every location that reaches the router or an instance shares."""
+    lines = "\n".join(f"            {page}" for page in pages)
+    return f"""            proxy_pass http://{upstream};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Authorization "";
+            proxy_set_header {KEY_HEADER} $kiln_key;
+            proxy_set_header X-Request-Id $request_id;
+{next_upstream}
+            proxy_intercept_errors on;
+{lines}
+            proxy_hide_header X-Kiln-Error;
+            proxy_connect_timeout 5s;
+            proxy_buffering off;
+            proxy_cache off;
+            proxy_read_timeout 1800s;
+            proxy_send_timeout 1800s;"""
+
+
 def _proxy_block(n: int, route: ModelRoute, own: list[str]) -> str:
     """How a request reaches model n's router, and how that router's and vLLM's errors reach the client."""
     replay = bool(route.instance_ports)
@@ -335,72 +356,30 @@ def _proxy_block(n: int, route: ModelRoute, own: list[str]) -> str:
     # A location's own error_page replaces every one it would inherit: the API's location lists those it needs,
     # less 400 and 500, which vLLM answers in JSON with what is wrong (nginx's 400 comes before any location).
     api_pages = [*own, *(f"error_page {c} /.kiln-error/{c};" for c in API_ERRORS if not (replay and c == 422))]
-    lines = "\n".join(f"            {page}" for page in (*api_pages, *pages))
-    return f"""            proxy_pass http://{_router_upstream(n)};
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Authorization "";
-            proxy_set_header {KEY_HEADER} $kiln_key;
-            proxy_set_header X-Request-Id $request_id;
+    return _proxied(_router_upstream(n), f"""\
             # Only where the router did not answer, had no worker, or could not reach one (its own 500 in plain text:
             # vLLM's errors come as 520 and 521): an answer of vLLM's, an error too, is never sent again.
             proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;
             proxy_next_upstream_tries {RETRIES + 1};
-            # The router's plain-text answers become JSON; vLLM's own errors come in its words (520, 521, or a 404).
-            proxy_intercept_errors on;
-{lines}
-            proxy_hide_header X-Kiln-Error;
-            proxy_connect_timeout 5s;
-            proxy_buffering off;
-            proxy_cache off;
-            proxy_read_timeout 1800s;
-            proxy_send_timeout 1800s;"""
+            # The router's plain-text answers become JSON; vLLM's own errors come in its words (520, 521, or a 404).""",
+                    [*api_pages, *pages])
 
 
 def _pool_block(n: int, route: ModelRoute, own: list[str]) -> str:
     """How a rerank or score request reaches model n's instances themselves (TO_INSTANCES)."""
     pages = [*own, *(f"error_page {code} = @vllm_{code};" for code in FROM_VLLM),
              *(f"error_page {c} /.kiln-error/{c};" for c in API_ERRORS)]
-    lines = "\n".join(f"            {page}" for page in pages)
-    return f"""            proxy_pass http://kiln_instances_{n};
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Authorization "";
-            proxy_set_header {KEY_HEADER} $kiln_key;
-            proxy_set_header X-Request-Id $request_id;
+    return _proxied(f"kiln_instances_{n}", f"""\
             # An instance that refuses the connection (restarting) passes the request on to the next.
             proxy_next_upstream error timeout non_idempotent;
-            proxy_next_upstream_tries {max(len(route.instance_ports), 1)};
-            proxy_intercept_errors on;
-{lines}
-            proxy_hide_header X-Kiln-Error;
-            proxy_connect_timeout 5s;
-            proxy_buffering off;
-            proxy_cache off;
-            proxy_read_timeout 1800s;
-            proxy_send_timeout 1800s;"""
+            proxy_next_upstream_tries {max(len(route.instance_ports), 1)};""", pages)
 
 
 def _replay_422(n: int, route: ModelRoute) -> str:
-    pages = "\n".join(f"            {page}" for page in REPLAY_422_PAGES)
-    return f"""        location @router_422_{n} {{
-            proxy_pass http://kiln_instances_{n};
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Authorization "";
-            proxy_set_header {KEY_HEADER} $kiln_key;
-            proxy_set_header X-Request-Id $request_id;
+    block = _proxied(f"kiln_instances_{n}", f"""\
             proxy_next_upstream error timeout;
-            proxy_next_upstream_tries {len(route.instance_ports)};
-            proxy_intercept_errors on;
-{pages}
-            proxy_hide_header X-Kiln-Error;
-            proxy_connect_timeout 5s;
-            proxy_buffering off;
-            proxy_cache off;
-            proxy_read_timeout 1800s;
-            proxy_send_timeout 1800s;
-        }}"""
+            proxy_next_upstream_tries {len(route.instance_ports)};""", list(REPLAY_422_PAGES))
+    return f"        location @router_422_{n} {{\n{block}\n        }}"
 
 
 def find_njs_module() -> str | None:

@@ -59,7 +59,7 @@ class Reports:
     def router_families(self) -> list[Metric]:
         """vllm-router's metrics; with several models, every model's router's, labelled kiln_router."""
         def text(n: int) -> str:
-            return fetch_text(f"http://{self.layout.local_host}:{self.layout.router_metrics_port + 2 * n}/metrics")
+            return fetch_text(f"http://{self.layout.local_host}:{self.layout.for_router(n).router_metrics_port}/metrics")
 
         sup = self.supervisor()
         more = [link.member.name for link in sup.more_routers] if sup else []
