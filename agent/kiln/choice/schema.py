@@ -161,7 +161,7 @@ HINTS: dict[str, str] = {
     "hf_token": "a Hugging Face access token (hf_...) from https://huggingface.co/settings/tokens",
     "price_per_hour": "the machine's USD price per hour, e.g. 3.39",
     "api_keys": "a mapping of key names to keys, e.g. `api_keys: {ci: KEY}` or `{ci: {key: KEY, "
-                "requests_per_minute: 60}}`",
+                "requests_per_minute: 60, models: [NAME, ...]}}`",
     "tls": "off, self-signed, {certificate: PEM, private_key: PEM} or {domain: NAME, email: ADDRESS}",
     "data_parallel_size": "a number of data-parallel engine ranks in one server, e.g. 8",
     "expert_parallel": "true or false (MoE models: spread the experts over every GPU of the server)",
