@@ -96,6 +96,8 @@ class Endpoint:
             before = self.front.settings
             self.front.settings = dataclasses.replace(before, max_in_flight=requests, instance_ports=instance_ports,
                                                       routes=before.routes if routes is None else routes)
+            if self.front.settings == before:  # nothing to change: no reload, which closes idle client connections
+                return
             try:
                 self.front.write_config()
             except (KilnError, OSError) as exc:  # the bound before stays in force
