@@ -136,6 +136,19 @@ class Efficiency:
 
 
 @dataclass(frozen=True)
+class _PerModel:
+    table: int  # LM head parameters
+    per_token: float  # dense parameters every token passes through, LM head aside
+    expert: float  # routed experts' parameters one token passes through
+    moe_flops: float  # what the routed experts' kernels reach per GPU
+    layers_s: float  # the per-layer overhead of a step
+    ranks_s: float  # handing a step to the tensor-parallel ranks
+    draft_s: float  # the draft passes of a verifying step
+    indexer_bytes: int  # per cached token, the sparse indexer's key
+    attention_cap: float  # tokens one query attends to at most
+
+
+@dataclass(frozen=True)
 class RooflineSteps:
     """kiln's engine: a step is bounded by memory (weights read once, every sequence's KV cache) or by tensor
     cores (2 FLOPs per active parameter per token, the LM head's only where logits are sampled, plus attention),
@@ -192,8 +205,25 @@ class RooflineSteps:
         drafted: float = self._memo["draft"]
         return drafted
 
+    def _fixed(self) -> _PerModel:
+        """What every step's time uses that depends on the model and hardware alone, worked out once."""
+        fixed: _PerModel | None = self._memo.get("fixed")
+        if fixed is not None:
+            return fixed
+        arch, h, e, roof = self.profile.architecture, self.hardware, self.efficiency, self._roof()
+        expert = self._active_expert_params()
+        table = arch.vocab_size * arch.hidden_size
+        peak = h.expert_flops or (roof.flops / e.compute if roof.flops else None)
+        fixed = self._memo["fixed"] = _PerModel(
+            table=table, per_token=max(arch.params_active - expert - table * (1 if arch.tie_word_embeddings else 2), 0),
+            expert=expert, moe_flops=peak * e.compute_moe if peak else 0.0,
+            layers_s=e.overhead_per_layer_s * arch.num_layers, ranks_s=e.overhead_per_rank_s * (self.tp - 1),
+            draft_s=self._draft_seconds(roof) if self.draft_tokens else 0.0,
+            indexer_bytes=self._indexer_bytes_per_token(), attention_cap=self._attention_cap())
+        return fixed
+
     def seconds(self, step: Step) -> float:
-        arch, roof = self.profile.architecture, self._roof()
+        roof, fixed = self._roof(), self._fixed()
         tokens = step.tokens
         weights, comm_s = self._by_tokens(tokens, roof)
         # Decoding reads each sequence's cache once per step; a prefill chunk reads its own earlier cache.
@@ -202,22 +232,14 @@ class RooflineSteps:
         memory_s = (weights + kv) / roof.bandwidth_bytes_s
         compute_s = 0.0
         if roof.flops:
-            expert = self._memo.get("expert")
-            if expert is None:
-                expert = self._memo["expert"] = self._active_expert_params()
-            table = arch.vocab_size * arch.hidden_size
-            per_token = max(arch.params_active - expert - table * (1 if arch.tie_word_embeddings else 2), 0)
-            dense = (tokens * per_token + step.sampled * table) * 2 / self.tp
-            experts = tokens * 2 * expert / self.tp
-            peak = self.hardware.expert_flops or roof.flops / self.efficiency.compute
-            moe_flops = peak * self.efficiency.compute_moe
-            compute_s = dense / roof.flops + self._attention_seconds(step, roof) + experts / moe_flops
+            dense = (tokens * fixed.per_token + step.sampled * fixed.table) * 2 / self.tp
+            experts = tokens * 2 * fixed.expert / self.tp
+            compute_s = dense / roof.flops + self._attention_seconds(step, roof) + experts / fixed.moe_flops
         e = self.efficiency
         fixed_s = e.step_overhead_s + e.overhead_per_seq_s * (step.decode_seqs + (1 if step.prefill_tokens else 0))
-        ranks_s = e.overhead_per_rank_s * (self.tp - 1)
-        draft_s = self._draft_seconds(roof) if self.draft_tokens and step.tokens_per_seq > 1 else 0.0
-        device_s = max(memory_s, compute_s) + comm_s + e.overhead_per_layer_s * arch.num_layers + draft_s
-        return (max(device_s, ranks_s) if self.async_scheduling else device_s + ranks_s) + fixed_s
+        draft_s = fixed.draft_s if step.tokens_per_seq > 1 else 0.0
+        device_s = max(memory_s, compute_s) + comm_s + fixed.layers_s + draft_s
+        return (max(device_s, fixed.ranks_s) if self.async_scheduling else device_s + fixed.ranks_s) + fixed_s
 
     def _attention_cap(self) -> float:
         """Tokens one query attends to at most: the indexer's top-k under sparse attention, else all its context."""
@@ -226,7 +248,7 @@ class RooflineSteps:
 
     def _attended(self, context_per_seq: float) -> float:
         """Tokens one query attends to."""
-        return min(context_per_seq, self._attention_cap())
+        return min(context_per_seq, self._fixed().attention_cap)
 
     def _queries_attended(self, step: Step, cap: float) -> tuple[float, float]:
         """Tokens the step's prompt chunks and its decoding sequences attend to in one layer, each query at most
@@ -246,7 +268,7 @@ class RooflineSteps:
         plus every token's indexer key."""
         if not seqs:
             return 0.0
-        indexer = self._indexer_bytes_per_token()
+        indexer = self._fixed().indexer_bytes
         per_seq = context / seqs
         return seqs * self._attended(per_seq) * (self.kv_bytes_per_token_gpu - indexer) + context * indexer
 
@@ -257,7 +279,7 @@ class RooflineSteps:
         prefill, decode = self._attention_parts(step)
         if not table or not peak:
             return (prefill + decode) / roof.flops if roof.flops else 0.0
-        cap, seconds = self._attention_cap(), 0.0
+        cap, seconds = self._fixed().attention_cap, 0.0
         if step.prefill_tokens:
             seconds += prefill / (peak * _by_length(table, 2 * min(step.prefill_context / step.prefill_tokens, cap)))
         if step.decode_seqs:
@@ -272,7 +294,7 @@ class RooflineSteps:
         at least `sparse_mla_min_heads` heads per GPU, and the indexer scores every cached token."""
         arch = self.profile.architecture
         layers = arch.num_layers
-        prefill, decode = self._queries_attended(step, self._attention_cap())
+        prefill, decode = self._queries_attended(step, self._fixed().attention_cap)
         if arch.mla is None:
             # Sliding-window layers attend to their window only (gpt-oss: 128 tokens in every other layer); linear-
             # attention layers keep a fixed state instead of attending to the context.
