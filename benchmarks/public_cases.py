@@ -109,8 +109,11 @@ def setup_of(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -
     spec = kiln.gpus.specs.get(case["gpu"])
     if spec is None:
         return f"no GPU class {case['gpu']}"
-    tp = int(case.get("tp") or 1)
-    replicas = int(case.get("instances") or 1) * int(case.get("dp") or 1)
+    tp, dp = int(case.get("tp") or 1), int(case.get("dp") or 1)
+    # Data-parallel ranks with expert parallelism are one server whose MoE layers exchange tokens; without it
+    # they are independent replicas.
+    expert_parallel = bool(case.get("ep")) and dp > 1
+    replicas = int(case.get("instances") or 1) * (1 if expert_parallel else dp)
     memory = gpu_memory_gib(kiln, case["gpu"])
     seqs, batched = vllm_defaults(memory, case["gpu"])
     w = case["workload"]
@@ -118,8 +121,9 @@ def setup_of(kiln: Kiln, case: dict[str, Any], catalog: Catalog | None = None) -
                   kv_cache_dtype=case.get("kv_cache_dtype") or "auto",
                   max_num_seqs=int(case.get("max_num_seqs") or seqs), max_num_batched_tokens=batched,
                   max_model_len=max(int(w["input_len"]) + int(w["output_len"]), 4096),
-                  speculative=_speculative(case))
-    machine = machine_of(spec, tp * replicas, memory)
+                  speculative=_speculative(case), data_parallel=dp if expert_parallel else 1,
+                  expert_parallel=expert_parallel)
+    machine = machine_of(spec, tp * dp * int(case.get("instances") or 1), memory)
     plan = fixed_plan(machine, profile, fixed, kiln.constants)
     if isinstance(plan, str):
         return plan

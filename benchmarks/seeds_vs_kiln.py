@@ -32,14 +32,18 @@ class Seed:
     memory_gib: float
     setup: Fixed | Choice  # a fixed setup, or (data + expert parallel) the settings the planner's fit takes
     workload: Workload
-    metric: str  # output_tok_s, output_tok_s_per_gpu, input_tok_s_per_gpu, tok_s_per_user, ttft_ms
+    metric: str  # output_tok_s, output_tok_s_per_gpu, total_tok_s_per_gpu, tok_s_per_user, ttft_ms
     published: float
     assumed: str
+    release: tuple[int, int] | None = None  # the vLLM release the source ran, where it names one (None: kiln's own)
 
 
 def _spec(method: str, k: int) -> dict[str, object]:
     return {"method": method, "num_speculative_tokens": k}
 
+
+_GB300_TP2 = Fixed("nvfp4", 2, kv_cache_dtype="fp8", max_num_seqs=1024, max_num_batched_tokens=20480,
+                   max_model_len=16384)
 
 SEEDS = [
     Seed("DO Llama 3.3 70B, 2 x H100, FP8 + EAGLE-3", "004: 2,000 tok/s (vs 823 on 4 x H100 vanilla), 1-16 users",
@@ -62,15 +66,14 @@ SEEDS = [
          Fixed("nvfp4", 8, kv_cache_dtype="fp8", max_model_len=16384, speculative=_spec("mtp", 3)),
          Workload(10_000, 1000, concurrency=1, num_prompts=4), "ttft_ms", 960, "as above"),
     Seed("vLLM DeepSeek-V3.2, GB300 FP4, prefill", "003: 7,360 tok/s per GPU in prefill", "deepseek-v3.2", "b300",
-         8, 288, Choice(data_parallel_size=8, expert_parallel=True, quantization="nvfp4", kv_cache_dtype="fp8",
-                        speculative_decoding=False, max_model_len=16384),
-         Workload(8192, 1, concurrency=256, num_prompts=512), "input_tok_s_per_gpu", 7360,
-         "GB300 as B300 (the same Blackwell Ultra GPU); 8 data-parallel ranks; 8,192-token prompts, 1 token out"),
+         2, 288, _GB300_TP2, Workload(2048, 1, concurrency=64, num_prompts=1000), "total_tok_s_per_gpu", 7360,
+         "vLLM's post (blog.vllm.ai 2026-02-13), vLLM 0.14.1: TP2 on 2 GPUs, 2,048 in / 1 out, 64 at once, 1,000 "
+         "prompts, --max-num-batched-tokens 20480, total tok/s per GPU; vLLM's default 1,024 sequences; GB300 as "
+         "B300 (the post: GB300 prefills 14% faster)", (0, 14)),
     Seed("vLLM DeepSeek-V3.2, GB300 FP4, mixed", "003: 2,816 tok/s per GPU mixed context", "deepseek-v3.2", "b300",
-         8, 288, Choice(data_parallel_size=8, expert_parallel=True, quantization="nvfp4", kv_cache_dtype="fp8",
-                        speculative_decoding=False, max_model_len=16384),
-         Workload(2048, 1024, concurrency=512, num_prompts=1024), "output_tok_s_per_gpu", 2816,
-         "as above; 2,048 in / 1,024 out at 512 in flight (the post gives no mixed-context shape)"),
+         2, 288, _GB300_TP2, Workload(2048, 1024, concurrency=512, num_prompts=1000), "output_tok_s_per_gpu", 2816,
+         "as above, 2,048 in / 1,024 out; 512 at once, where kiln's output peaks (the post gives no concurrency)",
+         (0, 14)),
 ]
 
 
@@ -79,8 +82,8 @@ def value(metric: str, f: Forecast, gpus: int, workload: Workload) -> float:
         return f.output_tokens_per_s
     if metric == "output_tok_s_per_gpu":
         return f.output_tokens_per_s / gpus
-    if metric == "input_tok_s_per_gpu":
-        return (f.total_tokens_per_s - f.output_tokens_per_s) / gpus
+    if metric == "total_tok_s_per_gpu":
+        return f.total_tokens_per_s / gpus
     if metric == "tok_s_per_user":
         return f.tokens_per_s_per_user
     return f.ttft_ms["p50"]
@@ -114,10 +117,11 @@ def main() -> int:
             print(f"{seed.name:46} not modeled: {made}")
             continue
         plan = made
-        f = forecast(plan, seed.workload, kiln_steps(plan, machine, profile, kiln.constants), kiln.constants)
+        f = forecast(plan, seed.workload, kiln_steps(plan, machine, profile, kiln.constants, seed.release),
+                     kiln.constants)
         ours = value(seed.metric, f, seed.gpus, seed.workload)
         band: Band | None = None
-        if seed.metric.startswith(("output", "input")):
+        if seed.metric.startswith(("output", "total")):
             band = band_for(plan, profile, seed.workload, ours, kiln.constants,
                             kiln.gpus.specs[seed.gpu].architecture.value)
         inside = band is not None and band.low <= seed.published <= band.high

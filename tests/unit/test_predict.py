@@ -166,6 +166,58 @@ def test_attention_runs_in_bf16_at_its_kernels_share_of_peak_by_length(kiln: Kil
     assert per_query_prefill / per_query_decode == pytest.approx((192 + 128) / (2 * 512 + 64))
 
 
+def test_sparse_mla_runs_as_vllm_runs_it_padded_replicated_and_by_release(kiln: Kiln) -> None:
+    """DeepSeek-V3.2's attention: absorbed in prefill too, the prefill kernel padded to 64 heads per GPU on Hopper
+    and 128 on Blackwell, the indexer replicated on every rank; releases before 0.25 computed every one of the
+    2,048 top-k keys per query, and with a BF16 cache ran decoding tokens through the prefill kernel."""
+    def attention(machine: str, choice: Choice, release: tuple[int, int] | None, step: Step) -> tuple[float, float]:
+        m, profile = kiln.machine(machine), kiln.profile("deepseek-v3.2", None)
+        fitted = fit_plans(m, profile, choice, kiln.constants)
+        assert not isinstance(fitted, Refusal)
+        steps = kiln_steps(fitted[0], m, profile, kiln.constants, release)
+        assert isinstance(steps, RooflineSteps)
+        return steps._attention_parts(step)
+
+    arch = kiln.profile("deepseek-v3.2", None).architecture
+    assert arch.mla is not None and arch.sparse_attention is not None
+    layers, absorbed = arch.num_layers, 2 * arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim
+    indexer = 2 * layers * arch.sparse_attention.index_n_heads * arch.sparse_attention.index_head_dim
+    short = Step(0, 0.0, prefill_tokens=1024, prefill_context=1024 * 512.0, prefill_seqs=1)  # keys: 512 each
+    tp8 = Choice(tensor_parallel_size=8, speculative_decoding=False, kv_cache_dtype="auto")
+    prefill, _ = attention("h200x8", tp8, None, short)
+    assert prefill == pytest.approx(2 * layers * 64 * absorbed * 1024 * 512 + indexer * 1024 * 512)
+    blackwell, _ = attention("b300x8", tp8, None, short)
+    assert blackwell == pytest.approx(2 * layers * 128 * absorbed * 1024 * 512 + indexer * 1024 * 512)
+    old, _ = attention("h200x8", tp8, (0, 14), short)
+    assert old == pytest.approx(2 * layers * 64 * absorbed * 1024 * 2048 + indexer * 1024 * 512)
+
+    decode = Step(32, 32 * 300.0)
+    _, bf16_cache = attention("h200x8", tp8, (0, 14), decode)
+    _, fp8_cache = attention("h200x8", tp8.model_copy(update={"kv_cache_dtype": "fp8"}), (0, 14), decode)
+    _, today = attention("h200x8", tp8, None, decode)
+    assert bf16_cache == pytest.approx(2 * layers * 64 * absorbed * 32 * 2048 + indexer * 32 * 300)
+    assert fp8_cache == pytest.approx(today)
+    assert today == pytest.approx(2 * layers * 64 * absorbed * 32 * 300 + indexer * 32 * 300)
+
+
+def test_expert_parallelism_exchanges_tokens_as_vllms_default_backend_does(kiln: Kiln) -> None:
+    """vLLM's allgather_reducescatter backend: across data-parallel ranks each MoE layer gathers the other ranks'
+    hidden states (FP8 where the experts take FP8) and reduce-scatters the bf16 outputs; with one data-parallel
+    rank (TP + EP) there is no exchange, the outputs meet in tensor parallelism's all-reduce."""
+    def exchange(choice: Choice) -> float:
+        steps = _roofline(kiln, "h200x8", "qwen3-235b-a22b-instruct-2507", choice)
+        return steps._all_to_all_seconds(1024, steps._roof())
+
+    base = Choice(speculative_decoding=False, quantization="fp8")
+    assert exchange(base.model_copy(update={"tensor_parallel_size": 8, "expert_parallel": True})) == 0.0
+    dp8 = _roofline(kiln, "h200x8", "qwen3-235b-a22b-instruct-2507",
+                    base.model_copy(update={"data_parallel_size": 8, "expert_parallel": True}))
+    roof, arch = dp8._roof(), dp8.profile.architecture
+    others = 1024 * arch.hidden_size * 7
+    assert dp8._all_to_all_seconds(1024, roof) == pytest.approx(
+        arch.num_layers * (2 * roof.allreduce_latency_s + (others * 1 + others * 2) / roof.link_bytes_s))
+
+
 def test_the_vocabulary_costs_a_lookup_per_token_and_the_lm_head_only_where_logits_are_sampled(kiln: Kiln) -> None:
     """Of two models with the same parameters, the one with more of them in its vocabulary prefills faster: the
     input embedding is a gather and the LM head runs on each prompt's last token; decoding, where every token is

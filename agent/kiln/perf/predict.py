@@ -97,6 +97,8 @@ def hardware(machine: Machine, precision: str, tp: int, instances: int, c: Const
     return Hardware(spec.memory_bandwidth_gb_s * 1e9, tflops * 1e12 if tflops else None,
                     c.get("roofline", "allreduce_latency_s", link) if tp > 1 else 0.0, link_gb_s * 1e9,
                     allreduce_us=table, sparse_mla_min_heads=int(c.get("roofline").get("sparse_mla_min_heads", 0)),
+                    sparse_mla_prefill_min_heads=int(c.get("roofline").get("sparse_mla_prefill_min_heads", {}).get(
+                        spec.architecture.value, 0)),
                     expert_flops=expert_tflops * 1e12 if expert_tflops else None,
                     attention_flops=bf16 * 1e12 if bf16 else None)
 
@@ -134,6 +136,7 @@ def kiln_steps(plan: Plan, machine: Machine, profile: Profile, c: Constants,
     """kiln's own engine for this plan's instances, served by vLLM `release` (None: kiln's own)."""
     draft = drafting(plan, c)
     e = plan.engine
+    full_topk = release is not None and release < release_line(c.get("roofline", "sparse_mla_valid_topk_since"))
     reached = efficiency(c, e.device, machine.gpus[0].architecture.value if machine.gpus else None)
     if profile.serving.lora_adapters:  # the adapters' own GEMMs on every layer (data/planner.yaml `lora`)
         slower = float(c.get("lora", "step_time_factor"))
@@ -146,6 +149,8 @@ def kiln_steps(plan: Plan, machine: Machine, profile: Profile, c: Constants,
                          reached,
                          draft.tokens if draft else 0,
                          data_parallel=e.data_parallel_size, expert_parallel=e.enable_expert_parallel,
+                         sparse_full_topk=full_topk,
+                         sparse_decode_in_prefill_kernel=full_topk and not plan.kv_cache_dtype.startswith("fp8"),
                          async_scheduling=schedules_async(plan, c, release))
 
 

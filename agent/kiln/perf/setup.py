@@ -36,6 +36,8 @@ class Fixed:
     max_model_len: int = 8192
     speculative: dict[str, object] | None = None
     gpu_memory_utilization: float = 0.9
+    data_parallel: int = 1  # engine ranks of each instance, tp GPUs each
+    expert_parallel: bool = False  # the routed experts spread over all tp x data_parallel GPUs
 
 
 def fixed_plan(machine: Machine, profile: Profile, s: Fixed, c: Constants) -> Plan | str:
@@ -43,10 +45,12 @@ def fixed_plan(machine: Machine, profile: Profile, s: Fixed, c: Constants) -> Pl
     reserved = int(c.get("vllm", "driver_reserved_bytes"))
     memory = min(g.memory_bytes for g in machine.gpus) - reserved
     per_step = int(s.speculative["num_speculative_tokens"]) + 1 if s.speculative else 1  # type: ignore[call-overload]
+    ranks = s.tp * s.data_parallel
+    weights = cap.weight_bytes_per_gpu(profile, s.precision, s.tp, ranks) if s.expert_parallel else None
     found = cap.kv_capacity(profile, precision=s.precision, tp=s.tp, gpu_memory_bytes=memory,
                             utilization=s.gpu_memory_utilization, max_model_len=s.max_model_len,
                             max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-                            kv_dtype=s.kv_cache_dtype, c=c,
+                            kv_dtype=s.kv_cache_dtype, c=c, weight_bytes_override=weights,
                             max_capture_size=min(s.max_num_seqs * per_step, MAX_CAPTURE_SIZE))
     if found.kv_cache_bytes_per_gpu <= 0 or found.tokens <= 0:
         return (f"TP{s.tp} {s.precision}: weights {found.weight_bytes_per_gpu / GIB:.1f} GiB per GPU leave no KV "
@@ -56,14 +60,16 @@ def fixed_plan(machine: Machine, profile: Profile, s: Fixed, c: Constants) -> Pl
         max_model_len=s.max_model_len, gpu_memory_utilization=s.gpu_memory_utilization, max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens, kv_cache_dtype=s.kv_cache_dtype, quantization=None,
         enable_prefix_caching=True, speculative_config=s.speculative, compilation_config=None, tool_call_parser=None,
-        reasoning_parser=None, trust_remote_code=False, extra_args=(), device="cuda" if machine.gpus else "cpu")
-    instances = tuple(InstancePlan(name=f"vllm-{i}", gpus=tuple(range(i * s.tp, (i + 1) * s.tp)), gpu_uuids=(),
+        reasoning_parser=None, trust_remote_code=False, extra_args=(), device="cuda" if machine.gpus else "cpu",
+        data_parallel_size=s.data_parallel, enable_expert_parallel=s.expert_parallel)
+    instances = tuple(InstancePlan(name=f"vllm-{i}", gpus=tuple(range(i * ranks, (i + 1) * ranks)), gpu_uuids=(),
                                    device_minors=(), port=8100 + i, numa_node=None, cpus=())
                       for i in range(s.instances))
     predicted = Prediction(
         weight_bytes_per_gpu=found.weight_bytes_per_gpu, kv_bytes_per_token=found.layout.bytes_per_token_instance,
         kv_bytes_per_token_per_gpu=found.layout.bytes_per_token_per_gpu,
-        kv_cache_bytes_per_gpu=found.kv_cache_bytes_per_gpu, kv_cache_tokens_per_instance=found.tokens,
+        kv_cache_bytes_per_gpu=found.kv_cache_bytes_per_gpu,
+        kv_cache_tokens_per_instance=found.tokens * s.data_parallel,
         max_concurrency_per_instance=found.concurrency)
     return Plan(machine=machine.name, profile=profile.name, objective="throughput", quantization=s.precision,
                 kv_cache_dtype=s.kv_cache_dtype, engine=engine, instances=instances, predicted=predicted,

@@ -26,6 +26,11 @@ class Roofline:
 
 AllreduceTable = tuple[tuple[int, tuple[tuple[int, float], ...]], ...]  # (GPUs, ((elements, microseconds), ...))
 
+# Bytes per hidden-state element vLLM's expert-parallel dispatch gathers: activations quantized before the
+# exchange where the experts take them quantized (FP8 block scales; NVFP4 with a scale per 16), else bf16
+# (vllm/model_executor/layers/fused_moe/prepare_finalize/naive_dp_ep.py, _quantize_and_setup_dispatch).
+_DISPATCH_BYTES = {"fp8": 1.0, "nvfp4": 0.5 + 1 / 16}
+
 
 def allreduce_seconds(tokens: int, hidden: int, tp: int, roof: Roofline, table: AllreduceTable = ()) -> float:
     """One all-reduce of `tokens` bf16 hidden states across `tp` GPUs: from measured times by message size where
@@ -117,6 +122,7 @@ class Hardware:
     link_bytes_s: float  # one direction of the GPU-to-GPU link
     allreduce_us: AllreduceTable = ()  # measured all-reduce times over this machine's links, when kiln has them
     sparse_mla_min_heads: int = 0  # query heads a sparse-MLA decode kernel runs per GPU at least (padding)
+    sparse_mla_prefill_min_heads: int = 0  # the same for its prefill kernel (0: as the decode kernel)
     expert_flops: float | None = None  # the routed experts' kernel's peak, where not the weights' precision's
     attention_flops: float | None = None  # BF16 peak per GPU, which attention runs at (None: the weights' peak)
 
@@ -162,10 +168,14 @@ class RooflineSteps:
     efficiency: Efficiency
     draft_tokens: int = 0  # k of speculative decoding; its draft passes run in every step that verifies
     label: str = "kiln"
-    data_parallel: int = 1  # ranks stepping together (their MoE layers meet in the all-to-all)
+    data_parallel: int = 1  # ranks stepping together (their MoE layers exchange tokens)
     expert_parallel: bool = False  # routed experts spread over tp x data_parallel GPUs
     # Across nodes the all-to-all runs at the network's pace, not NVLink's: (bytes/s per GPU, latency), or None.
     all_to_all_link: tuple[float, float] | None = None
+    # Sparse MLA in vLLM releases that computed all index_topk keys of every query, valid or not; with a BF16 KV
+    # cache they ran decoding tokens through the same prefill kernel (data/planner.yaml sparse_mla_valid_topk_since).
+    sparse_full_topk: bool = False
+    sparse_decode_in_prefill_kernel: bool = False
     # vLLM's async scheduling: the engine schedules the next step and hands it to the TP ranks while the GPUs run
     # this one, so the ranks' hand-over costs a step only where it outlasts the step's GPU time.
     async_scheduling: bool = False
@@ -279,19 +289,34 @@ class RooflineSteps:
         prefill, decode = self._attention_parts(step)
         if not table or not peak:
             return (prefill + decode) / roof.flops if roof.flops else 0.0
-        cap, seconds = self._fixed().attention_cap, 0.0
+        if self.profile.architecture.sparse_attention is not None and self.profile.architecture.mla is not None:
+            prefill_keys, decode_keys = self._sparse_keys(step)
+        else:
+            cap = self._fixed().attention_cap
+            prefill_keys = min(step.prefill_context / step.prefill_tokens, cap) if step.prefill_tokens else 0.0
+            decode_keys = min(step.decode_context / step.decode_seqs, cap) if step.decode_seqs else 0.0
+        seconds = 0.0
         if step.prefill_tokens:
-            seconds += prefill / (peak * _by_length(table, 2 * min(step.prefill_context / step.prefill_tokens, cap)))
+            seconds += prefill / (peak * _by_length(table, 2 * prefill_keys))
         if step.decode_seqs:
-            seconds += decode / (peak * _by_length(table, 2 * min(step.decode_context / step.decode_seqs, cap)))
+            seconds += decode / (peak * _by_length(table, 2 * decode_keys))
         return seconds
+
+    def _sparse_keys(self, step: Step) -> tuple[float, float]:
+        """Keys a sparse-MLA kernel computes per prompt token and per decoding token: the valid ones of the
+        indexer's top-k (at most all the context), or all index_topk of them where the release computed every one."""
+        cap = self._fixed().attention_cap
+        prefill = ((cap if self.sparse_full_topk else min(step.prefill_context / step.prefill_tokens, cap))
+                   if step.prefill_tokens else 0.0)
+        decode = ((cap if self.sparse_decode_in_prefill_kernel else min(step.decode_context / step.decode_seqs, cap))
+                  if step.decode_seqs else 0.0)
+        return prefill, decode
 
     def _attention_parts(self, step: Step) -> tuple[float, float]:
         """Attention FLOPs per GPU of the prompt chunks and of the decoding sequences. Multi-head: 4 x heads x
         head_dim per attended token. MLA: decoding absorbed, as vLLM decodes it, 2 x heads x (2 x kv_lora_rank +
         rope dims) per attended token; prompts as multi-head attention over the up-projected keys and values,
-        2 x heads x (qk head dim + v head dim), as vLLM prefills them. A sparse-MLA kernel runs absorbed throughout,
-        at least `sparse_mla_min_heads` heads per GPU, and the indexer scores every cached token."""
+        2 x heads x (qk head dim + v head dim), as vLLM prefills them. Sparse MLA: see `_sparse_mla_parts`."""
         arch = self.profile.architecture
         layers = arch.num_layers
         prefill, decode = self._queries_attended(step, self._fixed().attention_cap)
@@ -308,19 +333,32 @@ class RooflineSteps:
             return (per_token * (full * prefill + sliding.layers * prefill_windowed),
                     per_token * (full * decode + sliding.layers * decode_windowed))
         heads = arch.num_attention_heads / self.tp
-        mla, sparse = arch.mla, arch.sparse_attention
-        if sparse is not None and self.hardware.sparse_mla_min_heads:
-            heads = max(heads, float(self.hardware.sparse_mla_min_heads))
+        mla = arch.mla
         absorbed = 2 * mla.kv_lora_rank + mla.qk_rope_head_dim
+        if arch.sparse_attention is not None:
+            return self._sparse_mla_parts(step, heads, absorbed)
         unabsorbed = (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim
-                      if sparse is None and mla.qk_nope_head_dim and mla.v_head_dim else absorbed)
-        prefill_flops = 2 * layers * heads * unabsorbed * prefill
-        decode_flops = 2 * layers * heads * absorbed * decode
-        if sparse is not None:
-            per_scored = 2 * layers * (sparse.index_n_heads or 64) * sparse.index_head_dim / self.tp
-            prefill_flops += per_scored * step.prefill_context
-            decode_flops += per_scored * step.decode_context * step.tokens_per_seq if step.decode_seqs else 0.0
-        return prefill_flops, decode_flops
+                      if mla.qk_nope_head_dim and mla.v_head_dim else absorbed)
+        return 2 * layers * heads * unabsorbed * prefill, 2 * layers * heads * absorbed * decode
+
+    def _sparse_mla_parts(self, step: Step, heads: float, absorbed: int) -> tuple[float, float]:
+        """Sparse MLA (DeepSeek sparse attention) as vLLM runs it: absorbed throughout, 2 x heads x absorbed dims
+        per key computed (`_sparse_keys`), its prefill kernel at least `sparse_mla_prefill_min_heads` heads per
+        GPU and its decode kernel `sparse_mla_min_heads`; the lightning indexer, replicated on every rank ("no
+        tensor parallel, just replicated"), scores every cached token, 2 x index heads x index head dim each."""
+        arch, h = self.profile.architecture, self.hardware
+        sparse, layers = arch.sparse_attention, arch.num_layers
+        assert sparse is not None
+        prefill_heads = max(heads, float(h.sparse_mla_prefill_min_heads or h.sparse_mla_min_heads))
+        decode_heads = (prefill_heads if self.sparse_decode_in_prefill_kernel
+                        else max(heads, float(h.sparse_mla_min_heads)))
+        prefill_keys, decode_keys = self._sparse_keys(step)
+        per_scored = 2 * layers * (sparse.index_n_heads or 64) * sparse.index_head_dim
+        prefill = (2 * layers * prefill_heads * absorbed * prefill_keys * step.prefill_tokens
+                   + per_scored * step.prefill_context)
+        decode = (2 * layers * decode_heads * absorbed * decode_keys * step.decode_seqs * step.tokens_per_seq
+                  + per_scored * step.decode_context * step.tokens_per_seq) if step.decode_seqs else 0.0
+        return prefill, decode
 
     def _input_embedding_bytes(self) -> float:
         """A separate input embedding table is gathered, a row per token, not read whole (a tied one is read whole
@@ -346,14 +384,19 @@ class RooflineSteps:
         return dense / self.tp + max(active - dense, 0.0) / (self.tp * self.data_parallel)
 
     def _all_to_all_seconds(self, tokens: int, roof: Roofline) -> float:
-        """Dispatch and combine in every MoE layer: each token's hidden state (bf16) to its k experts' ranks and
-        back, the share bound for other GPUs over one link direction, plus a latency like an all-reduce's."""
-        arch, moe = self.profile.architecture, self.profile.architecture.moe
-        assert moe is not None
-        ranks = self.tp * self.data_parallel
-        payload = tokens * moe.experts_per_token * arch.hidden_size * 2 * (ranks - 1) / ranks
+        """Expert parallelism across data-parallel ranks, as vLLM's default backend (allgather_reducescatter)
+        exchanges tokens in every MoE layer: each rank gathers the other ranks' hidden states, in the precision
+        its experts take activations in, runs its own experts on all of them, and reduce-scatters the bf16 outputs
+        back; each a latency like an all-reduce's plus its bytes over one link direction. With one data-parallel
+        rank (TP + EP) vLLM runs no exchange: the experts' outputs meet in tensor parallelism's all-reduce."""
+        ranks = self.data_parallel
+        if ranks <= 1:
+            return 0.0
+        arch = self.profile.architecture
+        others = tokens * arch.hidden_size * (ranks - 1)
+        payload = others * _DISPATCH_BYTES.get(self.precision, 2.0) + others * 2
         link_bytes_s, latency_s = self.all_to_all_link or (roof.link_bytes_s, roof.allreduce_latency_s)
-        return 2 * arch.num_layers * (2 * latency_s + payload / link_bytes_s)
+        return arch.num_layers * (2 * latency_s + payload / link_bytes_s)
 
 
 @dataclass(frozen=True)
