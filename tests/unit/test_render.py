@@ -72,6 +72,9 @@ def rendered_argv_parses_with_vllm(kiln: Kiln, planned: Planned, machines: list[
             where = f"{profile} on {machine} ({objective})"
             assert args.port == inst.port and args.host == "127.0.0.1", where
             assert args.max_model_len == p.engine.max_model_len, where
+            # What vLLM runs is what the plan predicted: no profile flag after kiln's overrides them.
+            assert (args.max_num_seqs, args.max_num_batched_tokens) == (
+                p.engine.max_num_seqs, p.engine.max_num_batched_tokens), where
             if p.engine.task == "chat":
                 assert args.enable_prefix_caching is True, where
             else:  # a pooling model: vLLM's pooling runner, prefix caching as vLLM allows for its pooling

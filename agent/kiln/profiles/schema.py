@@ -159,6 +159,35 @@ class Speculative(Strict):
         return self
 
 
+# vLLM flags kiln renders from the plan (kiln.render.vllm): a profile's extra_args come after them and vLLM takes the
+# later value, so an extra flag among these would run something other than what the plan predicted.
+PLANNED_FLAGS = frozenset({
+    "--model", "--revision", "--served-model-name", "--host", "--port", "--max-model-len", "--max-num-seqs",
+    "--max-num-batched-tokens", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp",
+    "--tensor-parallel-size", "-tp", "--enable-expert-parallel", "--gpu-memory-utilization", "--kv-cache-dtype",
+    "--quantization", "-q", "--enable-prefix-caching", "--no-enable-prefix-caching", "--runner",
+    "--speculative-config", "--compilation-config", "-O", "--max-cudagraph-capture-size", "--trust-remote-code",
+    "--tool-call-parser", "--reasoning-parser", "--enable-auto-tool-choice", "--enable-lora", "--max-loras",
+    "--max-cpu-loras", "--max-lora-rank", "--lora-modules", "--middleware"})
+
+
+def _planned(arg: str) -> str | None:
+    """The planned flag `arg` sets, in any spelling vLLM takes (`--a_b=1`, `--a-b.c 1`), or None."""
+    if not arg.startswith("-"):
+        return None
+    name = arg.split("=", 1)[0]
+    name = name.replace("_", "-").split(".", 1)[0]
+    return name if name in PLANNED_FLAGS else None
+
+
+def _leave_planned_flags(extra_args: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    taken = sorted({flag for arg in extra_args or () if (flag := _planned(arg))})
+    if taken:
+        raise ValueError(f"extra_args set {', '.join(taken)}, which kiln plans itself and renders from the plan; "
+                         "remove them (a profile's settings for these are the planner's to choose)")
+    return extra_args
+
+
 class Serving(Strict):
     max_model_len: int = Field(gt=0)
     tool_call_parser: str | None = None
@@ -170,10 +199,14 @@ class Serving(Strict):
     lora_adapters: int = Field(default=0, ge=0)
     max_lora_rank: int = Field(default=0, ge=0)
 
+    _extra_args = field_validator("extra_args")(_leave_planned_flags)
+
 
 class ServingOverride(Strict):
     max_model_len: int | None = Field(default=None, gt=0)
     extra_args: tuple[str, ...] | None = None
+
+    _extra_args = field_validator("extra_args")(_leave_planned_flags)
 
 
 class GpuOverride(Strict):
