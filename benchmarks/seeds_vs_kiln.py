@@ -10,15 +10,13 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from kiln.choice.schema import Choice
 from kiln.hardware.model import Machine
 from kiln.perf.predict import Forecast, forecast, hardware, kiln_steps
 from kiln.perf.setup import Fixed, fixed_plan, machine_of
 from kiln.perf.workload import Workload
 from kiln.planner.bands import band_for
-from kiln.planner.plan import fit_plans
 from kiln.profiles.schema import Profile
-from kiln.setup.types import Band, Constants, Plan, Refusal
+from kiln.setup.types import Band, Constants, Plan
 from kiln.wiring import Kiln
 
 
@@ -30,7 +28,7 @@ class Seed:
     gpu: str
     gpus: int
     memory_gib: float
-    setup: Fixed | Choice  # a fixed setup, or (data + expert parallel) the settings the planner's fit takes
+    setup: Fixed
     workload: Workload
     metric: str  # output_tok_s, output_tok_s_per_gpu, total_tok_s_per_gpu, tok_s_per_user, ttft_ms
     published: float
@@ -108,11 +106,7 @@ def main() -> int:
     for seed in SEEDS:
         profile = kiln.catalog().get(seed.profile)
         machine = machine_of(kiln.gpus.specs[seed.gpu], seed.gpus, seed.memory_gib)
-        if isinstance(seed.setup, Fixed):
-            made: Plan | str = fixed_plan(machine, profile, seed.setup, kiln.constants)
-        else:
-            fitted = fit_plans(machine, profile, seed.setup, kiln.constants)
-            made = fitted.reason if isinstance(fitted, Refusal) else fitted[0]
+        made = fixed_plan(machine, profile, seed.setup, kiln.constants)
         if isinstance(made, str):
             print(f"{seed.name:46} not modeled: {made}")
             continue

@@ -136,7 +136,8 @@ def kiln_steps(plan: Plan, machine: Machine, profile: Profile, c: Constants,
     """kiln's own engine for this plan's instances, served by vLLM `release` (None: kiln's own)."""
     draft = drafting(plan, c)
     e = plan.engine
-    full_topk = release is not None and release < release_line(c.get("roofline", "sparse_mla_valid_topk_since"))
+    full_topk = profile.architecture.sparse_attention is not None and release is not None and (
+        release < release_line(c.get("roofline", "sparse_mla_valid_topk_since")))
     reached = efficiency(c, e.device, machine.gpus[0].architecture.value if machine.gpus else None)
     if profile.serving.lora_adapters:  # the adapters' own GEMMs on every layer (data/planner.yaml `lora`)
         slower = float(c.get("lora", "step_time_factor"))

@@ -172,8 +172,9 @@ class RooflineSteps:
     expert_parallel: bool = False  # routed experts spread over tp x data_parallel GPUs
     # Across nodes the all-to-all runs at the network's pace, not NVLink's: (bytes/s per GPU, latency), or None.
     all_to_all_link: tuple[float, float] | None = None
-    # Sparse MLA in vLLM releases that computed all index_topk keys of every query, valid or not; with a BF16 KV
-    # cache they ran decoding tokens through the same prefill kernel (data/planner.yaml sparse_mla_valid_topk_since).
+    # Sparse attention in vLLM releases that computed all index_topk keys of every query, valid or not; with a BF16
+    # KV cache they ran decoding tokens through the same prefill kernel (data/planner.yaml
+    # sparse_mla_valid_topk_since). Set for sparse-attention models only.
     sparse_full_topk: bool = False
     sparse_decode_in_prefill_kernel: bool = False
     # vLLM's async scheduling: the engine schedules the next step and hands it to the TP ranks while the GPUs run
@@ -289,12 +290,7 @@ class RooflineSteps:
         prefill, decode = self._attention_parts(step)
         if not table or not peak:
             return (prefill + decode) / roof.flops if roof.flops else 0.0
-        if self.profile.architecture.sparse_attention is not None and self.profile.architecture.mla is not None:
-            prefill_keys, decode_keys = self._sparse_keys(step)
-        else:
-            cap = self._fixed().attention_cap
-            prefill_keys = min(step.prefill_context / step.prefill_tokens, cap) if step.prefill_tokens else 0.0
-            decode_keys = min(step.decode_context / step.decode_seqs, cap) if step.decode_seqs else 0.0
+        prefill_keys, decode_keys = self._keys_per_query(step)
         seconds = 0.0
         if step.prefill_tokens:
             seconds += prefill / (peak * _by_length(table, 2 * prefill_keys))
@@ -302,9 +298,9 @@ class RooflineSteps:
             seconds += decode / (peak * _by_length(table, 2 * decode_keys))
         return seconds
 
-    def _sparse_keys(self, step: Step) -> tuple[float, float]:
-        """Keys a sparse-MLA kernel computes per prompt token and per decoding token: the valid ones of the
-        indexer's top-k (at most all the context), or all index_topk of them where the release computed every one."""
+    def _keys_per_query(self, step: Step) -> tuple[float, float]:
+        """Keys the attention kernel computes per prompt token and per decoding token: the context, at most the
+        indexer's top-k under sparse attention, or all index_topk of them where the release computed every one."""
         cap = self._fixed().attention_cap
         prefill = ((cap if self.sparse_full_topk else min(step.prefill_context / step.prefill_tokens, cap))
                    if step.prefill_tokens else 0.0)
@@ -319,6 +315,8 @@ class RooflineSteps:
         2 x heads x (qk head dim + v head dim), as vLLM prefills them. Sparse MLA: see `_sparse_mla_parts`."""
         arch = self.profile.architecture
         layers = arch.num_layers
+        if arch.mla is not None and arch.sparse_attention is not None:
+            return self._sparse_mla_parts(step)
         prefill, decode = self._queries_attended(step, self._fixed().attention_cap)
         if arch.mla is None:
             # Sliding-window layers attend to their window only (gpt-oss: 128 tokens in every other layer); linear-
@@ -335,24 +333,23 @@ class RooflineSteps:
         heads = arch.num_attention_heads / self.tp
         mla = arch.mla
         absorbed = 2 * mla.kv_lora_rank + mla.qk_rope_head_dim
-        if arch.sparse_attention is not None:
-            return self._sparse_mla_parts(step, heads, absorbed)
         unabsorbed = (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim
                       if mla.qk_nope_head_dim and mla.v_head_dim else absorbed)
         return 2 * layers * heads * unabsorbed * prefill, 2 * layers * heads * absorbed * decode
 
-    def _sparse_mla_parts(self, step: Step, heads: float, absorbed: int) -> tuple[float, float]:
+    def _sparse_mla_parts(self, step: Step) -> tuple[float, float]:
         """Sparse MLA (DeepSeek sparse attention) as vLLM runs it: absorbed throughout, 2 x heads x absorbed dims
-        per key computed (`_sparse_keys`), its prefill kernel at least `sparse_mla_prefill_min_heads` heads per
+        per key computed (`_keys_per_query`), its prefill kernel at least `sparse_mla_prefill_min_heads` heads per
         GPU and its decode kernel `sparse_mla_min_heads`; the lightning indexer, replicated on every rank ("no
         tensor parallel, just replicated"), scores every cached token, 2 x index heads x index head dim each."""
         arch, h = self.profile.architecture, self.hardware
-        sparse, layers = arch.sparse_attention, arch.num_layers
-        assert sparse is not None
+        sparse, mla, layers = arch.sparse_attention, arch.mla, arch.num_layers
+        assert sparse is not None and mla is not None
+        heads, absorbed = arch.num_attention_heads / self.tp, 2 * mla.kv_lora_rank + mla.qk_rope_head_dim
         prefill_heads = max(heads, float(h.sparse_mla_prefill_min_heads or h.sparse_mla_min_heads))
         decode_heads = (prefill_heads if self.sparse_decode_in_prefill_kernel
                         else max(heads, float(h.sparse_mla_min_heads)))
-        prefill_keys, decode_keys = self._sparse_keys(step)
+        prefill_keys, decode_keys = self._keys_per_query(step)
         per_scored = 2 * layers * (sparse.index_n_heads or 64) * sparse.index_head_dim
         prefill = (2 * layers * prefill_heads * absorbed * prefill_keys * step.prefill_tokens
                    + per_scored * step.prefill_context)
