@@ -14,6 +14,7 @@ from kiln.profiles.schema import Serving, ServingOverride
     ["--max_num_batched_tokens=8192"],
     ["--compilation-config.max_cudagraph_capture_size", "2048"],
     ["-tp", "2"],
+    ["--max-num-seqs\n", "64"],
 ])
 def test_extra_args_that_set_a_planned_flag_are_refused_in_any_spelling(extra: list[str]) -> None:
     with pytest.raises(ValidationError, match="kiln plans itself"):

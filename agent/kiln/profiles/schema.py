@@ -173,6 +173,7 @@ PLANNED_FLAGS = frozenset({
 
 def _planned(arg: str) -> str | None:
     """The planned flag `arg` sets, in any spelling vLLM takes (`--a_b=1`, `--a-b.c 1`), or None."""
+    arg = arg.strip()
     if not arg.startswith("-"):
         return None
     name = arg.split("=", 1)[0]
