@@ -13,9 +13,9 @@ from tests.cli import run_kiln
 
 from kiln.choice.resolve import ResolvedChoice
 from kiln.choice.schema import Choice, validate_fields
-from kiln.perf.predict import forecast, hardware, kiln_steps
+from kiln.perf.predict import forecast, hardware, kiln_steps, lockstep_ranks
 from kiln.perf.setup import machine_of
-from kiln.perf.steps import RooflineSteps, Step
+from kiln.perf.steps import RooflineSteps, Step, expected_max_normal
 from kiln.perf.workload import DEFAULT_PRESET, PRESETS, Workload, WorkloadSpec, resolve, spread_lengths
 from kiln.planner.plan import fit_plans
 from kiln.planner.search import OUTPUT_TIE, Choosing, choose
@@ -206,7 +206,7 @@ def test_expert_parallelism_exchanges_tokens_as_vllms_default_backend_does(kiln:
     rank (TP + EP) there is no exchange, the outputs meet in tensor parallelism's all-reduce."""
     def exchange(choice: Choice) -> float:
         steps = _roofline(kiln, "h200x8", "qwen3-235b-a22b-instruct-2507", choice)
-        return steps._all_to_all_seconds(1024, steps._roof())
+        return steps._all_to_all_seconds(7 * 1024, steps._roof())
 
     base = Choice(speculative_decoding=False, quantization="fp8")
     assert exchange(base.model_copy(update={"tensor_parallel_size": 8, "expert_parallel": True})) == 0.0
@@ -214,8 +214,46 @@ def test_expert_parallelism_exchanges_tokens_as_vllms_default_backend_does(kiln:
                     base.model_copy(update={"data_parallel_size": 8, "expert_parallel": True}))
     roof, arch = dp8._roof(), dp8.profile.architecture
     others = 1024 * arch.hidden_size * 7
-    assert dp8._all_to_all_seconds(1024, roof) == pytest.approx(
+    assert dp8._all_to_all_seconds(7 * 1024, roof) == pytest.approx(
         arch.num_layers * (2 * roof.allreduce_latency_s + (others * 1 + others * 2) / roof.link_bytes_s))
+
+
+def test_with_expert_parallelism_each_ranks_experts_see_every_ranks_tokens(kiln: Kiln) -> None:
+    """Data-parallel ranks of a MoE model step together: a rank decoding a small batch while another prefills runs
+    its experts on its share of both, and gathers the other's tokens. By default the other ranks bring as many
+    tokens as this one. Dense models' ranks step alone."""
+    base = Choice(speculative_decoding=False, quantization="fp8")
+    dp8 = _roofline(kiln, "h200x8", "qwen3-235b-a22b-instruct-2507",
+                    base.model_copy(update={"data_parallel_size": 8, "expert_parallel": True}))
+    decode = Step(16, 16 * 1000.0)
+    assert dp8.seconds(decode) == pytest.approx(dp8.seconds(replace(decode, ranks_tokens=16 * 8)))
+    held_up = replace(decode, ranks_tokens=16 * 8 + 8192)
+    assert dp8.seconds(held_up) > 1.5 * dp8.seconds(decode)
+    machine = kiln.machine("h200x8")
+    moe = fit_plans(machine, kiln.profile("qwen3-235b-a22b-instruct-2507", None),
+                    base.model_copy(update={"data_parallel_size": 8, "expert_parallel": True}), kiln.constants)
+    dense = fit_plans(machine, kiln.profile("qwen3-32b", None),
+                      base.model_copy(update={"data_parallel_size": 8}), kiln.constants)
+    assert not isinstance(moe, Refusal) and not isinstance(dense, Refusal)
+    assert lockstep_ranks(moe[0]) == 8 and lockstep_ranks(dense[0]) == 1
+
+
+def test_with_expert_parallelism_the_gpu_whose_experts_are_hit_most_sets_the_pace(kiln: Kiln) -> None:
+    """Each GPU holds whole experts: one token's 8 of 128 experts land on 8 GPUs unevenly, so the busiest GPU reads
+    about 2.4 experts, not 1; thousands of tokens hit every expert and spread their routes within a few percent.
+    Under tensor parallelism every GPU holds a slice of every expert, and nothing is uneven."""
+    assert expected_max_normal(8) == pytest.approx(1.4236, abs=1e-3)
+    base = Choice(speculative_decoding=False, quantization="fp8")
+    dp8 = _roofline(kiln, "h200x8", "qwen3-235b-a22b-instruct-2507",
+                    base.model_copy(update={"data_parallel_size": 8, "expert_parallel": True}))
+    reads, computes = dp8._busiest(1)
+    hit = 8 / 128  # of the 16 experts each GPU holds, each is hit with this chance
+    assert reads == pytest.approx((16 * hit + expected_max_normal(8) * math.sqrt(16 * hit * (1 - hit))) / (16 * hit))
+    assert 2.2 < reads < 2.6 and computes > 2
+    assert dp8._busiest(8000)[0] == pytest.approx(1.0, abs=1e-6) and dp8._busiest(8000)[1] < 1.02
+    tp8 = _roofline(kiln, "h200x8", "qwen3-235b-a22b-instruct-2507",
+                    base.model_copy(update={"tensor_parallel_size": 8}))
+    assert tp8._busiest(1) == (1.0, 1.0)
 
 
 def test_the_vocabulary_costs_a_lookup_per_token_and_the_lm_head_only_where_logits_are_sampled(kiln: Kiln) -> None:

@@ -182,6 +182,15 @@ def limits(plan: Plan) -> Limits:
 STEADY_SPREAD = ((0.0, 0.5), (1.0, 1.5))
 
 
+def lockstep_ranks(plan: Plan) -> int:
+    """The data-parallel ranks of each instance that step together: a MoE model's, whose expert layers exchange
+    tokens (kiln runs data parallelism on MoE models with expert parallelism only); 1 where each rank steps alone,
+    as a dense model's do (vllm/v1/engine/core.py: "Non-MoE DP ranks are completely independent")."""
+    e = plan.engine
+    together = e.data_parallel_size > 1 and e.enable_expert_parallel and e.pipeline_parallel_size == 1
+    return e.data_parallel_size if together else 1
+
+
 def loads(workload: Workload, instances: int, c: Constants) -> list[Load]:
     """What each instance receives when the router spreads the workload evenly. A dataset with a known spread
     (data/planner.yaml `datasets`) gives each request its own output length, and so does a steady load."""
@@ -251,7 +260,7 @@ def forecast(plan: Plan, workload: Workload, steps: StepModel, c: Constants, emi
         # Instances sent the same requests at the same times serve them alike: simulate one of them.
         key = (load.concurrency, load.num_prompts, load.arrivals, load.output_lens, load.warmup)
         if key not in cache:
-            cache[key] = simulate(steps, lim, load, draft)
+            cache[key] = simulate(steps, lim, load, draft, lockstep_ranks(plan))
         outcomes.append(cache[key])
     notes = []
     if workload.dataset:

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kiln.perf.lockstep import Peers
 from kiln.perf.steps import Step, StepModel
 
 EPS = 1e-9
@@ -92,11 +93,14 @@ class _Request:
 
 
 @dataclass
-class _Engine:
+class Engine:
+    """One scheduler's state: its requests, its KV cache and its clock."""
+
     model: StepModel
     limits: Limits
     load: Load
     drafting: Drafting | None
+    peers: Peers | None = None  # the data-parallel ranks it steps together with, if any
     t: float = 0.0
     counter: float = 0.0  # tokens every decoding sequence has emitted since the start
     context_base: float = 0.0
@@ -109,6 +113,7 @@ class _Engine:
     decoding_n: int = 0
     sent: int = 0
     seq: int = 0
+    first_wave: int = 0  # requests sent at the start, at once
     out: Outcome = field(default_factory=lambda: Outcome(0.0, 0, 0, 0.0, [], [], [], 0, 0, 0))
 
     @property
@@ -122,6 +127,26 @@ class _Engine:
     @property
     def shared_prefix(self) -> int:
         return self.load.prefix_len if self.limits.prefix_caching and self.prefix_cached else 0
+
+    def start(self) -> None:
+        """Send the first requests: a closed loop's whole first wave, or every arrival of an open loop."""
+        if self.load.concurrency is not None:
+            for _ in range(min(self.load.concurrency, self.load.num_prompts)):
+                self.send(0.0)
+        else:
+            for at in sorted(self.load.arrivals)[:self.load.num_prompts]:
+                self.send(at)
+        self.first_wave = len(self.waiting)
+
+    def seconds(self, step: Step) -> float:
+        """How long `step` takes: alone, or together with the other data-parallel ranks."""
+        return self.model.seconds(step) if self.peers is None else self.peers.seconds(self.model, step)
+
+    def ran(self, step: Step, repeat: int = 1) -> None:
+        """`step` ran `repeat` times: the other ranks are seen through it once the first wave, which reaches
+        every rank at once, is served."""
+        if self.peers is not None and self.seq >= self.first_wave:
+            self.peers.record(step, repeat)
 
     def kv_used(self) -> float:
         return self.context_base + self.decoding_n * self.counter + self.kv_prefill + self.shared_prefix
@@ -186,7 +211,9 @@ class _Engine:
         self.context_base -= r.base
         self.decoding_n -= 1
 
-    def step(self) -> None:
+    def prepare(self) -> tuple[Step, list[tuple[_Request, int]]] | None:
+        """Schedule the next step as vLLM's scheduler does: the step and its prompt chunks, or None where nothing
+        is ready to run."""
         self.arrive()
         budget = self.limits.max_num_batched_tokens - self.decoding_n * self.tokens_per_seq
         chunks: list[tuple[_Request, int]] = []
@@ -199,13 +226,14 @@ class _Engine:
         self.admit(budget, chunks)
         self.preempt_for(self.decoding_n * self.tokens_per_seq)
         if not chunks and not self.decoding_n:
-            if self.future:
-                self.t = max(self.t, self.future[0].arrival)
-            return
+            return None
         step = Step(self.decoding_n, self.context_base + self.decoding_n * self.counter, sum(c for _, c in chunks),
                     sum(c * (r.done + c / 2) for r, c in chunks), self.tokens_per_seq if self.decoding_n else 1,
                     prefill_seqs=len(chunks))
-        dt = self.model.seconds(step)
+        return step, chunks
+
+    def advance(self, dt: float, chunks: list[tuple[_Request, int]]) -> None:
+        """Run the prepared step, which took `dt` seconds."""
         self.t += dt
         self.out.steps += 1
         if self.decoding_n:
@@ -225,6 +253,17 @@ class _Engine:
                 self.start_decoding(r)
         self.finish()
         self.out.peak_running = max(self.out.peak_running, self.decoding_n + len(self.prefilling))
+
+    def step(self) -> None:
+        planned = self.prepare()
+        if planned is None:
+            if self.future:
+                self.t = max(self.t, self.future[0].arrival)
+            return
+        step, chunks = planned
+        dt = self.seconds(step)
+        self.ran(step)
+        self.advance(dt, chunks)
 
     def start_decoding(self, r: _Request) -> None:
         """The step that computes a prompt's last token samples one output token (the first, after a queue)."""
@@ -256,29 +295,49 @@ class _Engine:
 
     def jump(self) -> None:
         """Run pure decode steps up to just before the next event in one go, timed at their midpoint."""
-        if self.prefilling or not self.decoding_n or self._can_admit():
+        planned = self.jump_plan()
+        if planned is None:
             return
+        steps, mid = planned
+        dt = self.seconds(mid)
+        if (steps := self.before_arrival(steps, dt)) >= 2:
+            self.ran(mid, steps)
+            self.jump_by(steps, dt)
+
+    def jump_plan(self) -> tuple[int, Step] | None:
+        """How many pure decode steps can run before the next event (a finish, a full KV cache), and their
+        midpoint step; None where the next step is not pure decoding or fewer than two would run."""
+        if self.prefilling or not self.decoding_n or self._can_admit():
+            return None
         while self.decoding and not self.decoding[0][2].alive:
             heapq.heappop(self.decoding)
         if not self.decoding:
-            return
+            return None
         steps = math.floor((self.decoding[0][0] - self.counter) / self.per_step) - 1
         free = self.limits.kv_tokens - self.kv_used()
         steps = min(steps, math.floor(free / (self.decoding_n * self.tokens_per_seq)) - 1)
         if steps < 2:
-            return
-        mid = Step(self.decoding_n, self.context_base + self.decoding_n * (self.counter + self.per_step * steps / 2),
-                   tokens_per_seq=self.tokens_per_seq)
-        dt = self.model.seconds(mid)
-        if self.future:
-            steps = min(steps, math.floor((self.future[0].arrival - self.t) / dt))
-            if steps < 2:
-                return
+            return None
+        return steps, Step(self.decoding_n,
+                           self.context_base + self.decoding_n * (self.counter + self.per_step * steps / 2),
+                           tokens_per_seq=self.tokens_per_seq)
+
+    def before_arrival(self, steps: int, dt: float) -> int:
+        """Of `steps` steps of `dt` seconds, those that end before the next request arrives."""
+        return min(steps, math.floor((self.future[0].arrival - self.t) / dt)) if self.future else steps
+
+    def jump_by(self, steps: int, dt: float) -> None:
         self.t += dt * steps
+        if not self.decoding_n:
+            return
         self.counter += self.per_step * steps
         self.out.steps += steps
         self.out.output_tokens += self.decoding_n * self.per_step * steps
         self.out.itl.append((dt, self.decoding_n * steps))
+
+    def idle(self) -> bool:
+        """Nothing to run and nothing queued: only later arrivals, if any."""
+        return not (self.decoding_n or self.prefilling or self.waiting)
 
     def _can_admit(self) -> bool:
         """Whether the next step would admit the first waiting request, by `admit`'s own rules while only decoding
@@ -290,15 +349,11 @@ class _Engine:
 
 
 def simulate(model: StepModel, limits: Limits, load: Load, drafting: Drafting | None = None,
-             max_steps: int = 5_000_000) -> Outcome:
-    """Serve `load` on one instance and report what `vllm bench serve` would measure."""
-    engine = _Engine(model, limits, load, drafting)
-    if load.concurrency is not None:
-        for _ in range(min(load.concurrency, load.num_prompts)):
-            engine.send(0.0)
-    else:
-        for at in sorted(load.arrivals)[:load.num_prompts]:
-            engine.send(at)
+             ranks: int = 1, max_steps: int = 5_000_000) -> Outcome:
+    """Serve `load` on one scheduler and report what `vllm bench serve` would measure; with `ranks` > 1, on one
+    of that many data-parallel ranks stepping together, each sent alike (kiln.perf.lockstep)."""
+    engine = Engine(model, limits, load, drafting, Peers(ranks - 1) if ranks > 1 else None)
+    engine.start()
     while engine.out.completed < engine.sent and engine.out.steps < max_steps:
         engine.jump()
         engine.step()

@@ -7,6 +7,7 @@ decoding sequence, plus the prompt chunks chunked prefill mixes in.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -75,6 +76,18 @@ def draft_seconds(profile: Profile, precision: str, tp: int, k: int, roof: Roofl
     return k * (one_layer + lm_head) / tp / roof.bandwidth_bytes_s
 
 
+@functools.cache
+def expected_max_normal(count: int) -> float:
+    """The expected largest of `count` independent standard normal draws (1.42 for 8), by numerical integration
+    of x * count * pdf(x) * cdf(x) ** (count - 1)."""
+    step, total = 0.01, 0.0
+    for i in range(-1000, 1001):
+        x = i * step
+        total += x * count * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) * (0.5 * (1 + math.erf(x / math.sqrt(2)))
+                                                                             ) ** (count - 1) * step
+    return total
+
+
 def speculative_tokens_per_step(acceptance: float, k: int) -> float:
     """Expected tokens emitted per verification step with k drafted tokens (geometric acceptance)."""
     if acceptance >= 1:
@@ -90,6 +103,9 @@ class Step:
     prefill_context: float = 0.0  # over prefilled tokens, the sum of the positions each attends to
     tokens_per_seq: int = 1  # k + 1 when speculative decoding verifies k drafts
     prefill_seqs: int = 0  # prompts the prefill tokens belong to (0: one, where there are prefill tokens)
+    # Tokens all data-parallel ranks of a MoE model send through their experts in this step, where the ranks step
+    # together and each brings its own batch (0: every rank as many as this one).
+    ranks_tokens: int = 0
 
     @property
     def tokens(self) -> int:
@@ -196,17 +212,20 @@ class RooflineSteps:
         roof: Roofline = self._memo["roof"]
         return roof
 
-    def _by_tokens(self, tokens: int, roof: Roofline) -> tuple[float, float]:
-        """A step of `tokens`: the weight bytes it reads, and its all-reduces' and all-to-alls' seconds."""
-        if (memo := self._memo.get(tokens)) is not None:
-            return memo  # type: ignore[no-any-return]
-        arch = self.profile.architecture
-        weights = self._weights_read(max(tokens, 1)) - self._input_embedding_bytes()
-        comm_s = 2 * arch.num_layers * allreduce_seconds(tokens, arch.hidden_size, self.tp, roof,
-                                                         self.hardware.allreduce_us)
-        if self.expert_parallel and arch.moe is not None:
-            comm_s += self._all_to_all_seconds(tokens, roof)
-        self._memo[tokens] = (weights, comm_s)
+    def _by_tokens(self, tokens: int, ranks_tokens: int, roof: Roofline) -> tuple[float, float]:
+        """A step of `tokens` here and `ranks_tokens` on all data-parallel ranks together: the weight bytes it
+        reads, and its all-reduces' and all-to-alls' seconds."""
+        if (memo := self._memo.get(tokens)) is None:
+            arch = self.profile.architecture
+            memo = self._memo[tokens] = (
+                self._weights_read(max(tokens, 1), max(tokens, 1) * self.data_parallel) - self._input_embedding_bytes(),
+                2 * arch.num_layers * allreduce_seconds(tokens, arch.hidden_size, self.tp, roof,
+                                                        self.hardware.allreduce_us))
+        weights, comm_s = memo
+        if self.expert_parallel and self.profile.architecture.moe is not None and self.data_parallel > 1:
+            if ranks_tokens != tokens * self.data_parallel:
+                weights += (self._experts_read(ranks_tokens) - self._experts_read(tokens * self.data_parallel))
+            comm_s += self._all_to_all_seconds(ranks_tokens - tokens, roof)
         return weights, comm_s
 
     def _draft_seconds(self, roof: Roofline) -> float:
@@ -236,7 +255,8 @@ class RooflineSteps:
     def seconds(self, step: Step) -> float:
         roof, fixed = self._roof(), self._fixed()
         tokens = step.tokens
-        weights, comm_s = self._by_tokens(tokens, roof)
+        ranks_tokens = step.ranks_tokens or tokens * self.data_parallel
+        weights, comm_s = self._by_tokens(tokens, ranks_tokens, roof)
         # Decoding reads each sequence's cache once per step; a prefill chunk reads its own earlier cache.
         prefill_reads = step.prefill_context / max(step.prefill_tokens, 1) if step.prefill_tokens else 0.0
         kv = self._kv_read(step.decode_seqs, step.decode_context) + prefill_reads * self.kv_bytes_per_token_gpu
@@ -244,7 +264,10 @@ class RooflineSteps:
         compute_s = 0.0
         if roof.flops:
             dense = (tokens * fixed.per_token + step.sampled * fixed.table) * 2 / self.tp
-            experts = tokens * 2 * fixed.expert / self.tp
+            # With expert parallelism each GPU runs its experts on its share of every rank's tokens, and the
+            # busiest GPU sets the pace.
+            expert_tokens = ranks_tokens / self.data_parallel if self.expert_parallel else tokens
+            experts = expert_tokens * 2 * fixed.expert / self.tp * self._busiest(ranks_tokens)[1]
             compute_s = dense / roof.flops + self._attention_seconds(step, roof) + experts / fixed.moe_flops
         e = self.efficiency
         fixed_s = e.step_overhead_s + e.overhead_per_seq_s * (step.decode_seqs + (1 if step.prefill_tokens else 0))
@@ -371,27 +394,65 @@ class RooflineSteps:
         total = min(cap.expert_params(arch), arch.params_total)
         return total * arch.moe.experts_per_token / arch.moe.num_experts
 
-    def _weights_read(self, tokens: int) -> float:
-        """Bytes of weights one GPU reads in a step: its tp share of everything, or with expert parallelism its
-        tp share of the dense layers plus its share of the experts that all ranks' tokens hit."""
+    def _weights_read(self, tokens: int, ranks_tokens: int) -> float:
+        """Bytes of weights one GPU reads in a step of `tokens` (`ranks_tokens` on all data-parallel ranks): its
+        tp share of everything, or with expert parallelism its tp share of the dense layers plus its share of the
+        experts that all ranks' tokens hit."""
         if not self.expert_parallel:
             return cap.active_weight_bytes(self.profile, self.precision, tokens) / self.tp
-        active = cap.active_weight_bytes(self.profile, self.precision, tokens * self.data_parallel)
-        dense = cap.weight_bytes(self.profile, self.precision) - cap.expert_weight_bytes(self.profile, self.precision)
-        return dense / self.tp + max(active - dense, 0.0) / (self.tp * self.data_parallel)
+        return self._dense_bytes() / self.tp + self._experts_read(ranks_tokens)
 
-    def _all_to_all_seconds(self, tokens: int, roof: Roofline) -> float:
+    def _dense_bytes(self) -> float:
+        """The weights outside the routed experts."""
+        if "dense" not in self._memo:
+            self._memo["dense"] = cap.weight_bytes(self.profile, self.precision) - cap.expert_weight_bytes(
+                self.profile, self.precision)
+        dense: float = self._memo["dense"]
+        return dense
+
+    def _experts_read(self, ranks_tokens: int) -> float:
+        """With expert parallelism, this GPU's share of the routed experts that all ranks' tokens hit."""
+        key = ("experts", ranks_tokens)
+        if (memo := self._memo.get(key)) is None:
+            active = cap.active_weight_bytes(self.profile, self.precision, max(ranks_tokens, 1))
+            memo = self._memo[key] = (max(active - self._dense_bytes(), 0.0) / (self.tp * self.data_parallel)
+                                      * self._busiest(ranks_tokens)[0])
+        read: float = memo
+        return read
+
+    def _busiest(self, ranks_tokens: int) -> tuple[float, float]:
+        """With expert parallelism each GPU holds whole experts, so the GPU whose experts are hit most sets the
+        pace: over the mean GPU, the distinct experts it reads and the routed tokens it computes, as uniform routing
+        of `ranks_tokens` tokens spreads them (each a binomial; the busiest of the GPUs the expected maximum of that
+        many normal draws). Real routing is skewed, so this is the least imbalance there is."""
+        moe, gpus = self.profile.architecture.moe, self.tp * self.data_parallel
+        if not self.expert_parallel or moe is None or gpus <= 1:
+            return 1.0, 1.0
+        key = ("busiest", ranks_tokens)
+        if (memo := self._memo.get(key)) is None:
+            tokens, spread = max(ranks_tokens, 1), expected_max_normal(gpus)
+            held = moe.num_experts / gpus
+            hit = 1 - (1 - moe.experts_per_token / moe.num_experts) ** tokens
+            reads = min(held, held * hit + spread * math.sqrt(held * hit * (1 - hit))) / (held * hit)
+            routes = tokens * moe.experts_per_token
+            computes = 1 + spread * math.sqrt((gpus - 1) / routes)
+            memo = self._memo[key] = (reads, computes)
+        busiest: tuple[float, float] = memo
+        return busiest
+
+    def _all_to_all_seconds(self, others: int, roof: Roofline) -> float:
         """Expert parallelism across data-parallel ranks, as vLLM's default backend (allgather_reducescatter)
-        exchanges tokens in every MoE layer: each rank gathers the other ranks' hidden states, in the precision
-        its experts take activations in, runs its own experts on all of them, and reduce-scatters the bf16 outputs
-        back; each a latency like an all-reduce's plus its bytes over one link direction. With one data-parallel
-        rank (TP + EP) vLLM runs no exchange: the experts' outputs meet in tensor parallelism's all-reduce."""
+        exchanges tokens in every MoE layer: each rank gathers the other ranks' hidden states (`others` tokens), in
+        the precision its experts take activations in, runs its own experts on all of them, and reduce-scatters the
+        bf16 outputs back; each a latency like an all-reduce's plus its bytes over one link direction. With one
+        data-parallel rank (TP + EP) vLLM runs no exchange: the experts' outputs meet in tensor parallelism's
+        all-reduce."""
         ranks = self.data_parallel
         if ranks <= 1:
             return 0.0
         arch = self.profile.architecture
-        others = tokens * arch.hidden_size * (ranks - 1)
-        payload = others * _DISPATCH_BYTES.get(self.precision, 2.0) + others * 2
+        elements = others * arch.hidden_size
+        payload = elements * _DISPATCH_BYTES.get(self.precision, 2.0) + elements * 2
         link_bytes_s, latency_s = self.all_to_all_link or (roof.link_bytes_s, roof.allreduce_latency_s)
         return arch.num_layers * (2 * latency_s + payload / link_bytes_s)
 
