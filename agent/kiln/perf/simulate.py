@@ -295,16 +295,23 @@ class Engine:
 
     def jump(self) -> None:
         """Run pure decode steps up to just before the next event in one go, timed at their midpoint."""
-        planned = self.jump_plan()
+        planned = self._jump_plan()
         if planned is None:
             return
         steps, mid = planned
         dt = self.seconds(mid)
-        if (steps := self.before_arrival(steps, dt)) >= 2:
-            self.ran(mid, steps)
-            self.jump_by(steps, dt)
+        if self.future:
+            steps = min(steps, math.floor((self.future[0].arrival - self.t) / dt))
+            if steps < 2:
+                return
+        self.ran(mid, steps)
+        self.t += dt * steps
+        self.counter += self.per_step * steps
+        self.out.steps += steps
+        self.out.output_tokens += self.decoding_n * self.per_step * steps
+        self.out.itl.append((dt, self.decoding_n * steps))
 
-    def jump_plan(self) -> tuple[int, Step] | None:
+    def _jump_plan(self) -> tuple[int, Step] | None:
         """How many pure decode steps can run before the next event (a finish, a full KV cache), and their
         midpoint step; None where the next step is not pure decoding or fewer than two would run."""
         if self.prefilling or not self.decoding_n or self._can_admit():
@@ -321,23 +328,6 @@ class Engine:
         return steps, Step(self.decoding_n,
                            self.context_base + self.decoding_n * (self.counter + self.per_step * steps / 2),
                            tokens_per_seq=self.tokens_per_seq)
-
-    def before_arrival(self, steps: int, dt: float) -> int:
-        """Of `steps` steps of `dt` seconds, those that end before the next request arrives."""
-        return min(steps, math.floor((self.future[0].arrival - self.t) / dt)) if self.future else steps
-
-    def jump_by(self, steps: int, dt: float) -> None:
-        self.t += dt * steps
-        if not self.decoding_n:
-            return
-        self.counter += self.per_step * steps
-        self.out.steps += steps
-        self.out.output_tokens += self.decoding_n * self.per_step * steps
-        self.out.itl.append((dt, self.decoding_n * steps))
-
-    def idle(self) -> bool:
-        """Nothing to run and nothing queued: only later arrivals, if any."""
-        return not (self.decoding_n or self.prefilling or self.waiting)
 
     def _can_admit(self) -> bool:
         """Whether the next step would admit the first waiting request, by `admit`'s own rules while only decoding
