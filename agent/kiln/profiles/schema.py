@@ -159,8 +159,9 @@ class Speculative(Strict):
         return self
 
 
-# vLLM flags kiln renders from the plan (kiln.render.vllm): a profile's extra_args come after them and vLLM takes the
-# later value, so an extra flag among these would run something other than what the plan predicted.
+# vLLM flags kiln renders from the plan (kiln.render.vllm, and kiln.render.cluster across nodes): vLLM takes the later
+# of two values and a store-true flag cannot be unset, so an extra flag among these would run something other than
+# what the plan predicted, or break a cluster's wiring. tests/unit/test_profile_flags.py holds the renderers to it.
 PLANNED_FLAGS = frozenset({
     "--model", "--revision", "--served-model-name", "--host", "--port", "--max-model-len", "--max-num-seqs",
     "--max-num-batched-tokens", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp",
@@ -168,7 +169,9 @@ PLANNED_FLAGS = frozenset({
     "--quantization", "-q", "--enable-prefix-caching", "--no-enable-prefix-caching", "--runner",
     "--speculative-config", "--compilation-config", "-O", "--max-cudagraph-capture-size", "--trust-remote-code",
     "--tool-call-parser", "--reasoning-parser", "--enable-auto-tool-choice", "--enable-lora", "--max-loras",
-    "--max-cpu-loras", "--max-lora-rank", "--lora-modules", "--middleware"})
+    "--max-cpu-loras", "--max-lora-rank", "--lora-modules", "--middleware", "--nnodes", "--node-rank",
+    "--master-addr", "--master-port", "--data-parallel-size-local", "--data-parallel-address",
+    "--data-parallel-rpc-port", "--data-parallel-start-rank", "--headless"})
 
 
 def _planned(arg: str) -> str | None:
