@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -80,12 +81,9 @@ def draft_seconds(profile: Profile, precision: str, tp: int, k: int, roof: Roofl
 def expected_max_normal(count: int) -> float:
     """The expected largest of `count` independent standard normal draws (1.42 for 8), by numerical integration
     of x * count * pdf(x) * cdf(x) ** (count - 1)."""
-    step, total = 0.01, 0.0
-    for i in range(-1000, 1001):
-        x = i * step
-        total += x * count * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) * (0.5 * (1 + math.erf(x / math.sqrt(2)))
-                                                                             ) ** (count - 1) * step
-    return total
+    normal, step = statistics.NormalDist(), 0.01
+    return sum(x * count * normal.pdf(x) * normal.cdf(x) ** (count - 1) * step
+               for x in (i * step for i in range(-1000, 1001)))
 
 
 def speculative_tokens_per_step(acceptance: float, k: int) -> float:
@@ -214,18 +212,19 @@ class RooflineSteps:
 
     def _by_tokens(self, tokens: int, ranks_tokens: int, roof: Roofline) -> tuple[float, float]:
         """A step of `tokens` here and `ranks_tokens` on all data-parallel ranks together: the weight bytes it
-        reads, and its all-reduces' and all-to-alls' seconds."""
+        reads, and its all-reduces' and all-to-alls' seconds. What depends on this rank's tokens alone is kept;
+        with expert parallelism the experts read and exchanged depend on every rank's."""
         if (memo := self._memo.get(tokens)) is None:
             arch = self.profile.architecture
-            memo = self._memo[tokens] = (
-                self._weights_read(max(tokens, 1), max(tokens, 1) * self.data_parallel) - self._input_embedding_bytes(),
-                2 * arch.num_layers * allreduce_seconds(tokens, arch.hidden_size, self.tp, roof,
-                                                        self.hardware.allreduce_us))
+            read = (self._dense_bytes() if self.expert_parallel
+                    else cap.active_weight_bytes(self.profile, self.precision, max(tokens, 1))) / self.tp
+            memo = self._memo[tokens] = (read - self._input_embedding_bytes(), 2 * arch.num_layers * allreduce_seconds(
+                tokens, arch.hidden_size, self.tp, roof, self.hardware.allreduce_us))
         weights, comm_s = memo
-        if self.expert_parallel and self.profile.architecture.moe is not None and self.data_parallel > 1:
-            if ranks_tokens != tokens * self.data_parallel:
-                weights += (self._experts_read(ranks_tokens) - self._experts_read(tokens * self.data_parallel))
-            comm_s += self._all_to_all_seconds(ranks_tokens - tokens, roof)
+        if self.expert_parallel:
+            weights += self._experts_read(ranks_tokens)
+            if self.profile.architecture.moe is not None:
+                comm_s += self._all_to_all_seconds(ranks_tokens - tokens, roof)
         return weights, comm_s
 
     def _draft_seconds(self, roof: Roofline) -> float:
@@ -394,14 +393,6 @@ class RooflineSteps:
         total = min(cap.expert_params(arch), arch.params_total)
         return total * arch.moe.experts_per_token / arch.moe.num_experts
 
-    def _weights_read(self, tokens: int, ranks_tokens: int) -> float:
-        """Bytes of weights one GPU reads in a step of `tokens` (`ranks_tokens` on all data-parallel ranks): its
-        tp share of everything, or with expert parallelism its tp share of the dense layers plus its share of the
-        experts that all ranks' tokens hit."""
-        if not self.expert_parallel:
-            return cap.active_weight_bytes(self.profile, self.precision, tokens) / self.tp
-        return self._dense_bytes() / self.tp + self._experts_read(ranks_tokens)
-
     def _dense_bytes(self) -> float:
         """The weights outside the routed experts."""
         if "dense" not in self._memo:
@@ -425,8 +416,10 @@ class RooflineSteps:
         pace: over the mean GPU, the distinct experts it reads and the routed tokens it computes, as uniform routing
         of `ranks_tokens` tokens spreads them (each a binomial; the busiest of the GPUs the expected maximum of that
         many normal draws). Real routing is skewed, so this is the least imbalance there is."""
+        if not self.expert_parallel:
+            return 1.0, 1.0
         moe, gpus = self.profile.architecture.moe, self.tp * self.data_parallel
-        if not self.expert_parallel or moe is None or gpus <= 1:
+        if moe is None or gpus <= 1:
             return 1.0, 1.0
         key = ("busiest", ranks_tokens)
         if (memo := self._memo.get(key)) is None:
