@@ -253,14 +253,14 @@ def forecast(plan: Plan, workload: Workload, steps: StepModel, c: Constants, emi
     draft = drafting(plan, c)
     if draft and emitted:
         draft = Drafting(draft.tokens, float(emitted))
-    lim = limits(plan)
+    lim, ranks = limits(plan), lockstep_ranks(plan)
     cache: dict[tuple[int | None, int, tuple[float, ...], tuple[int, ...], int], Outcome] = {}
     outcomes = []
     for load in per_instance:
         # Instances sent the same requests at the same times serve them alike: simulate one of them.
         key = (load.concurrency, load.num_prompts, load.arrivals, load.output_lens, load.warmup)
         if key not in cache:
-            cache[key] = simulate(steps, lim, load, draft, lockstep_ranks(plan))
+            cache[key] = simulate(steps, lim, load, draft, ranks)
         outcomes.append(cache[key])
     notes = []
     if workload.dataset:
